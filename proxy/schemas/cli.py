@@ -1,0 +1,8 @@
+"""`tooltap schemas ...` (being written)."""
+
+import click
+
+
+@click.group()
+def schemas() -> None:
+    """Tool schemas: list, show, convert and diff tool sets."""

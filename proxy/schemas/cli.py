@@ -1,8 +1,129 @@
-"""`tooltap schemas ...` (being written)."""
+"""`tooltap schemas ...`: list, show, convert and diff tool sets."""
+
+from __future__ import annotations
+
+import json
+import sys
 
 import click
+
+from .convert import PROFILES, TARGETS, UnsupportedTarget, convert_tools
+from .diff import diff_toolsets
+from .render import diff_markdown, diff_text, loss_lines, toolset_text
+from .sources import SourceError, ToolSet, default_db, load
+from .spec import SchemaError
+
+db_option = click.option("--db", "db_url", default=None, metavar="URL",
+                         help="tooltap database for turn:/session: sources (default: $TOOLTAP_DB or sqlite:///tooltap.db)")
+
+
+class SchemasError(click.ClickException):
+    # exit 1 is reserved for "breaking change found" in `diff`
+    exit_code = 2
+
+
+def _load(source: str, db_url: str | None) -> ToolSet:
+    try:
+        return load(source, db_url)
+    except (SourceError, SchemaError) as exc:
+        raise SchemasError(str(exc)) from exc
+    except ImportError as exc:
+        raise SchemasError(f"{source}: the tooltap database layer is not available ({exc})") from exc
+
+
+def _dump(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 @click.group()
 def schemas() -> None:
     """Tool schemas: list, show, convert and diff tool sets."""
+
+
+@schemas.command("list")
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def list_cmd(db_url: str | None, fmt: str) -> None:
+    """Tool sets seen by the proxy, by session and provider."""
+    try:
+        from proxy.store.read import tool_sets
+    except ImportError as exc:
+        raise SchemasError(f"the tooltap database layer is not available ({exc})") from exc
+    rows = tool_sets(db_url or default_db())
+    if fmt == "json":
+        click.echo(_dump({"tool_sets": rows}))
+        return
+    if not rows:
+        click.echo("no tool sets recorded")
+        return
+    click.echo(f"{'session':<24} {'turn':>6} {'api':<20} {'model':<28} {'tools':>5}  hash      seen")
+    for r in rows:
+        click.echo(f"{str(r.get('session_id'))[:24]:<24} {r.get('turn_id')!s:>6} {str(r.get('api'))[:20]:<20} "
+                   f"{str(r.get('model'))[:28]:<28} {r.get('tool_count')!s:>5}  {str(r.get('tools_hash'))[:8]:<8}  {r.get('seen_at')}")
+
+
+@schemas.command()
+@click.argument("source")
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def show(source: str, db_url: str | None, fmt: str) -> None:
+    """Show a tool set: a file (any format), turn:<id> or session:<id>."""
+    ts = _load(source, db_url)
+    counts = {}
+    try:
+        for target in ("openai", "anthropic", "gemini", "mcp"):
+            counts[target] = len(convert_tools(ts.tools, target)[1])
+    except SchemaError as exc:
+        counts = {}
+        click.echo(f"warning: {exc}", err=True)
+    if fmt == "json":
+        click.echo(_dump({"source": ts.source, "format": ts.format, "skipped": ts.skipped,
+                          "tools": [t.to_dict() for t in ts.tools], "losses_per_target": counts}))
+    else:
+        click.echo(toolset_text(ts, counts))
+
+
+@schemas.command()
+@click.argument("source")
+@click.option("--to", "target", type=click.Choice(TARGETS), required=True)
+@click.option("--profile", type=click.Choice(list(PROFILES)), default="faithful",
+              help="faithful: the best conversion; cline: what Cline 3.x's converters emit")
+@click.option("--format", "fmt", type=click.Choice(["raw", "json"]), default="raw",
+              help="raw: the tools on stdout, losses on stderr; json: one envelope with both")
+@db_option
+def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None) -> None:
+    """Convert a tool set to another provider's format and report what was lost."""
+    ts = _load(source, db_url)
+    try:
+        tools, losses = convert_tools(ts.tools, target, profile)
+    except (UnsupportedTarget, SchemaError) as exc:
+        raise SchemasError(str(exc)) from exc
+    if fmt == "json":
+        click.echo(_dump({"source": ts.source, "from": ts.format, "to": target, "profile": profile,
+                          "tools": tools, "losses": [l.to_dict() for l in losses]}))
+        return
+    click.echo(_dump(tools))
+    for line in loss_lines(losses):
+        click.echo(line, err=True)
+    click.echo(f"{len(tools)} tools, {len(losses)} losses", err=True)
+
+
+@schemas.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text")
+@db_option
+def diff(a: str, b: str, fmt: str, db_url: str | None) -> None:
+    """Diff tool set A (before) against B (after). Exit 1 when a change is breaking."""
+    ta, tb = _load(a, db_url), _load(b, db_url)
+    try:
+        result = diff_toolsets(ta.tools, tb.tools)
+    except SchemaError as exc:
+        raise SchemasError(str(exc)) from exc
+    if fmt == "json":
+        click.echo(_dump({"a": {"source": a, "format": ta.format}, "b": {"source": b, "format": tb.format}, **result}))
+    elif fmt == "markdown":
+        click.echo(diff_markdown(result, a, b))
+    else:
+        click.echo(diff_text(result, a, b))
+    sys.exit(1 if result["breaking"] else 0)

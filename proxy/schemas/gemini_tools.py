@@ -204,6 +204,9 @@ def to_gemini(spec: ToolSpec, json_schema: bool = False) -> tuple[dict, list[Los
     elif not no_args:
         out["parameters"], schema_losses = schema_to_gemini(params)
         losses += schema_losses
+    elif "additionalProperties" in params:
+        losses.append(Loss("$.parameters.additionalProperties", "a tool without arguments gets no parameters; "
+                           f"additionalProperties {json.dumps(params['additionalProperties'])} dropped"))
     for key in OWN_META:
         if key in spec.meta:
             out[key] = spec.meta[key]

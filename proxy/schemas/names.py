@@ -52,3 +52,22 @@ def fix_name(name: str, provider: str) -> tuple[str, Loss | None]:
         why.append("empty")
     reason = f"{provider} rejects the name {name!r} ({'; '.join(why)}); renamed to {new!r}"
     return new, Loss("$.name", reason, "renamed")
+
+
+CLINE_MCP = "0mcp0"
+
+
+def mcp_identity(name: str, description: str | None) -> tuple[str, str] | None:
+    """(server, tool) for an MCP tool name whose prefix is a per-run uid, else None.
+
+    Cline 3.x names MCP tools `<uid>0mcp0<tool>` with a uid that changes on restart and
+    writes the server name into the description (`"<server>: ..."`); the documented
+    `serverUid__mcp__toolName` form carries a uid the same way. The pair (server, tool)
+    is what stays stable, so two names with the same identity are one tool renamed.
+    """
+    for marker in (CLINE_MCP, "__mcp__"):
+        uid, sep, tool = name.partition(marker)
+        if sep and uid and tool:
+            server = (description or "").split(": ", 1)[0] if ": " in (description or "") else ""
+            return server, tool
+    return None

@@ -1,0 +1,132 @@
+"""Incremental Server-Sent Events decoder: bytes in, events out.
+
+Follows the WHATWG event-stream rules: lines end in LF, CR or CRLF (and a network chunk
+may end between the CR and the LF), `:` starts a comment, one space after the field colon
+is dropped, `data` lines of one event join with LF, a blank line dispatches. Lines are
+split on bytes, never with str.splitlines, which would also split on U+2028 inside JSON.
+Unlike the browser algorithm, a last event with no blank line after it is still
+dispatched by `close()`: llama.cpp ends its streams that way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    data: str
+    event: str = "message"
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []  # the start of a line still arriving (no CR/LF in it)
+        self._skip_lf = False  # the previous chunk ended in CR: a leading LF belongs to it
+        self._first_line = True  # a UTF-8 BOM may open the stream
+        self._data: list[str] = []
+        self._event = ""
+        self._id: str | None = None
+        self._retry: int | None = None
+        self.comments = 0
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        if self._skip_lf and chunk:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if not chunk:  # an empty read must not forget a pending CR
+            return []
+        if b"\n" not in chunk and b"\r" not in chunk:
+            # A long line arriving in many reads: park the piece, no copy and no rescan.
+            self._pending.append(chunk)
+            return []
+        if self._pending:
+            self._pending.append(chunk)
+            buf = b"".join(self._pending)
+            self._pending = []
+        else:
+            buf = chunk
+        events: list[Event] = []
+        start = 0
+        n = len(buf)
+        lf = cr = -2  # next LF / CR at or after start; -1: none left; -2: not searched yet
+        while start < n:
+            if lf != -1 and lf < start:
+                lf = buf.find(b"\n", start)
+            if cr != -1 and cr < start:
+                cr = buf.find(b"\r", start)
+            if cr >= 0 and (lf < 0 or cr < lf):
+                end, nxt = cr, cr + 1
+                if nxt < n and buf[nxt] == 0x0A:
+                    nxt += 1
+                elif nxt == n:
+                    self._skip_lf = True
+            elif lf >= 0:
+                end, nxt = lf, lf + 1
+            else:
+                break
+            event = self._line(buf[start:end])
+            if event is not None:
+                events.append(event)
+            start = nxt
+        if start < n:
+            self._pending.append(buf[start:])
+        return events
+
+    def close(self) -> list[Event]:
+        """End of stream: dispatch what is pending, even without a final blank line."""
+        events = []
+        if self._pending:
+            event = self._line(b"".join(self._pending))
+            self._pending = []
+            if event is not None:
+                events.append(event)
+        event = self._dispatch()
+        if event is not None:
+            events.append(event)
+        return events
+
+    def _line(self, raw: bytes) -> Event | None:
+        if self._first_line:
+            self._first_line = False
+            if raw.startswith(b"\xef\xbb\xbf"):  # WHATWG: one leading BOM is dropped
+                raw = raw[3:]
+        if not raw:
+            return self._dispatch()
+        # Decoding per whole line keeps a UTF-8 character split across chunks intact.
+        line = raw.decode("utf-8", errors="replace")
+        if line[0] == ":":
+            self.comments += 1
+            return None
+        field, sep, value = line.partition(":")
+        if sep and value[:1] == " ":
+            value = value[1:]
+        if field == "data":
+            self._data.append(value)
+        elif field == "event":
+            self._event = value
+        elif field == "id":
+            if "\0" not in value:
+                self._id = value
+        elif field == "retry":
+            if value.isascii() and value.isdigit():  # "²".isdigit() is True too
+                self._retry = int(value)
+        return None
+
+    def _dispatch(self) -> Event | None:
+        if not self._data:  # a block with no data line dispatches nothing
+            self._event = ""
+            return None
+        event = Event(
+            data="\n".join(self._data),
+            event=self._event or "message",
+            id=self._id,
+            retry=self._retry,
+        )
+        self._data = []
+        self._event = ""
+        self._retry = None
+        return event

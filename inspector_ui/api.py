@@ -1,0 +1,55 @@
+"""The JSON read API (DESIGN.md, "Read API"): stable field names, newest first where it matters."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+
+router = APIRouter()
+
+
+def _reader(request: Request):
+    return request.app.state.reader
+
+
+@router.get("/sessions")
+def sessions(request: Request, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)):
+    return {"sessions": _reader(request).sessions(limit=limit, offset=offset)}
+
+
+@router.get("/sessions/{session_id}")
+def session(request: Request, session_id: str):
+    found = _reader(request).session(session_id)
+    if found is None:
+        raise HTTPException(404, f"no session {session_id}")
+    return found
+
+
+@router.get("/turns")
+def turns(request: Request, limit: int = Query(50, ge=1, le=1000), before: int | None = None):
+    return {"turns": _reader(request).turns(limit=limit, before=before)}
+
+
+@router.get("/turns/{turn_id}")
+def turn(request: Request, turn_id: int):
+    found = _reader(request).turn(turn_id)
+    if found is None:
+        raise HTTPException(404, f"no turn {turn_id}")
+    return found
+
+
+@router.get("/turns/{turn_id}/raw")
+def raw(request: Request, turn_id: int):
+    found = _reader(request).raw(turn_id)
+    if found is None:
+        raise HTTPException(404, f"no turn {turn_id}")
+    body, content_type, encoding = found
+    headers = {"content-encoding": encoding} if encoding else {}
+    return Response(body, media_type=content_type or "application/octet-stream", headers=headers)
+
+
+@router.get("/turns/{turn_id}/timeline")
+def timeline(request: Request, turn_id: int):
+    found = _reader(request).timeline(turn_id)
+    if found is None:
+        raise HTTPException(404, f"no turn {turn_id}")
+    return {"timeline": [{"offset": o, "ms": ms} for o, ms in found]}

@@ -1,0 +1,91 @@
+"""What every wire API module provides.
+
+A wire API module (openai_chat.py, anthropic_messages.py, ...) is a module-level object
+satisfying `WireAPI`: it recognizes its requests, turns a stream of SSE events into the
+response its provider's non-streaming endpoint would have returned, and reads the few
+things the rest of tooltap needs from a request or response (the conversation, the tools,
+the tool calls, the usage). Adding a provider is adding one such module to
+`proxy.apis.REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..sse import Event
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One tool call as the model emitted it, before any agent-convention decoding."""
+
+    index: int  # position among all calls of the response, 0-based
+    id: str | None
+    name: str
+    arguments_raw: str  # exactly as emitted (JSON text for most APIs)
+    arguments: Any = None  # parsed value, or None when it does not parse
+    arguments_error: str | None = None
+    choice: int = 0  # the choice / candidate the call belongs to
+
+    @classmethod
+    def from_raw(cls, index: int, id: str | None, name: str, raw: str, choice: int = 0) -> "ToolCall":
+        """Parse JSON arguments; an empty string means no arguments (`{}`)."""
+        call = cls(index=index, id=id, name=name, arguments_raw=raw, choice=choice)
+        if raw.strip() == "":
+            call.arguments = {}
+            return call
+        try:
+            call.arguments = json.loads(raw)
+        except ValueError as exc:
+            call.arguments_error = f"invalid JSON: {exc}"
+        return call
+
+    @classmethod
+    def from_object(cls, index: int, id: str | None, name: str, args: Any, choice: int = 0) -> "ToolCall":
+        """For APIs that send arguments as an object (Anthropic, Gemini)."""
+        raw = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+        return cls(index=index, id=id, name=name, arguments_raw=raw, arguments=args, choice=choice)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKeys:
+    """Where a request body keeps the parts that repeat turn after turn. The store keeps
+    each distinct message, tools array and system prompt once, and sessions are threaded
+    by the message list."""
+
+    messages: str  # "messages", "input", "contents"
+    tools: str | None = "tools"
+    system: str | None = None  # a system prompt held outside the messages
+
+
+class Assembler(Protocol):
+    """Consumes a response stream's events, in order, and builds the final response."""
+
+    def feed(self, event: Event) -> None: ...
+
+    def result(self) -> dict[str, Any]:
+        """The non-streaming response equivalent to what was fed so far (a partial
+        stream gives a partial response)."""
+        ...
+
+    # A mid-stream error payload, if the stream carried one (HTTP status was still 200).
+    error: dict[str, Any] | None
+
+
+class WireAPI(Protocol):
+    name: str  # "openai.chat", "openai.responses", "anthropic.messages", "gemini"
+    keys: RequestKeys
+
+    def matches(self, method: str, path: str) -> bool:
+        """Is this a request of this API? `path` is the upstream path, query excluded."""
+        ...
+
+    def new_assembler(self) -> Assembler: ...
+
+    def tool_calls(self, response: dict[str, Any]) -> list[ToolCall]: ...
+
+    def usage(self, response: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None: ...

@@ -1,0 +1,81 @@
+"""The tooltap ASGI application: `/_tooltap/...` is tooltap's own, everything else is forwarded."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import httpx
+
+from .config import RESERVED_PREFIX, Settings
+from .forward import Forwarder, UpstreamAborted
+from .store.writer import Writer
+
+log = logging.getLogger("tooltap")
+
+
+class TooltapApp:
+    """Dispatches on the path before anything else runs, so a forwarded request costs one
+    string comparison more than talking to the upstream directly."""
+
+    def __init__(self, settings: Settings, writer: Writer | None = None):
+        from inspector_ui import create_inspector
+
+        self.settings = settings
+        self.writer = writer or Writer(settings.db_url, spool_path=settings.spool_file())
+        self.client: httpx.AsyncClient | None = None
+        self.forwarder: Forwarder | None = None
+        self.inspector = create_inspector(self, lifespan=self._lifespan)
+
+    @asynccontextmanager
+    async def _lifespan(self, _app):
+        self.writer.start()
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                connect=self.settings.connect_timeout, read=self.settings.read_timeout,
+                write=60.0, pool=None,
+            ),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        self.forwarder = Forwarder(self.settings, self.client, self.writer.submit)
+        try:
+            yield
+        finally:
+            await self.client.aclose()
+            self.writer.close()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path == RESERVED_PREFIX or path.startswith(RESERVED_PREFIX + "/"):
+                return await self.inspector(scope, receive, send)
+            if path == "/" and scope["method"] == "GET" and _wants_html(scope):
+                return await _redirect(send, RESERVED_PREFIX + "/")
+            return await self.forwarder(scope, receive, send)
+        return await self.inspector(scope, receive, send)  # lifespan, websocket
+
+
+def _wants_html(scope) -> bool:
+    for k, v in scope["headers"]:
+        if k == b"accept":
+            return b"text/html" in v
+    return False
+
+
+async def _redirect(send, location: str) -> None:
+    await send({"type": "http.response.start", "status": 307,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+class _QuietUpstreamAborts(logging.Filter):
+    """An upstream that drops its stream is passed on by dropping ours; uvicorn would log
+    that as an application crash with a traceback. It is recorded as a turn instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], UpstreamAborted))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietUpstreamAborts())

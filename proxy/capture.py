@@ -1,0 +1,178 @@
+"""Capture: what the hot path records about one exchange while the bytes pass through.
+
+The forwarder calls `feed()` with each network chunk *after* it has been written to the
+client. Feeding keeps the exact bytes (in memory up to a limit, then in a temporary file,
+so a long stream costs flat memory), their sha256, a timeline of chunk arrivals, and for
+event streams the incremental decode and assembly. `finish()` returns a `TurnRecord`:
+plain data that the store's writer thread turns into rows, off the request path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import apis
+from .sse import SSEDecoder
+
+RAW_IN_MEMORY = 2 * 1024 * 1024
+TIMELINE_MAX = 4096  # chunk arrivals kept per turn; later ones are dropped from the timeline only
+
+
+@dataclass
+class TurnRecord:
+    """One exchange, as the store receives it. Secrets are already redacted."""
+
+    started_at: float  # unix time
+    method: str
+    path: str  # as the client asked, query included (redacted)
+    upstream: str  # redacted upstream base URL
+    request_headers: list[list[str]]
+    request_body: bytes
+    session_hint: str | None = None  # X-Tooltap-Session
+    api: str = "other"
+    http_status: int | None = None
+    response_headers: list[list[str]] = field(default_factory=list)
+    status: str = "ok"
+    error: str | None = None
+    stream: bool = False
+    ttft_ms: float | None = None
+    duration_ms: float | None = None
+    raw: Any = b""  # exact bytes sent to the client: bytes, or a file positioned at 0
+    raw_size: int = 0
+    raw_sha256: str = ""
+    timeline: list[list[float]] = field(default_factory=list)  # [byte offset, ms since start]
+    response: dict[str, Any] | None = None  # assembled from the stream; None: parse `raw` later
+    stream_error: dict[str, Any] | None = None
+    unparsed_events: int = 0
+
+    def iter_raw(self, size: int = 1 << 20):
+        if isinstance(self.raw, bytes):
+            yield self.raw
+            return
+        self.raw.seek(0)
+        while chunk := self.raw.read(size):
+            yield chunk
+
+    def raw_bytes(self) -> bytes:
+        return b"".join(self.iter_raw())
+
+    def release(self) -> None:
+        if not isinstance(self.raw, bytes):
+            self.raw.close()
+
+
+class _Decompressor:
+    """Undo a Content-Encoding for capture only; the client gets the bytes as sent."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        if encoding in ("gzip", "x-gzip"):
+            self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._d = zlib.decompressobj()
+        elif encoding == "br":
+            import brotli
+
+            self._d = brotli.Decompressor()
+        elif encoding == "zstd":
+            import zstandard
+
+            self._d = zstandard.ZstdDecompressor().decompressobj()
+        else:
+            raise ValueError(f"unsupported content-encoding {encoding!r}")
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if self.encoding == "br":
+            return self._d.process(chunk)
+        return self._d.decompress(chunk)
+
+
+def decompress(data: bytes, encoding: str | None) -> bytes:
+    if not encoding or encoding == "identity":
+        return data
+    return _Decompressor(encoding)(data)
+
+
+class Capture:
+    def __init__(self, record: TurnRecord, api: apis.WireAPI | None) -> None:
+        self.record = record
+        self.api = api
+        self._t0 = time.perf_counter()
+        self._raw = tempfile.SpooledTemporaryFile(max_size=RAW_IN_MEMORY)
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._sse: SSEDecoder | None = None
+        self._assembler = None
+        self._decompress: _Decompressor | None = None
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self._t0) * 1000
+
+    def response_started(self, status: int, headers: list[list[str]], content_type: str,
+                         content_encoding: str | None) -> None:
+        rec = self.record
+        rec.http_status = status
+        rec.response_headers = headers
+        rec.stream = content_type.startswith("text/event-stream")
+        if rec.stream and self.api is not None:
+            try:
+                if content_encoding and content_encoding != "identity":
+                    self._decompress = _Decompressor(content_encoding)
+                self._sse = SSEDecoder()
+                self._assembler = self.api.new_assembler()
+            except Exception as exc:  # an unknown encoding: keep the raw bytes, skip assembly
+                rec.error = f"capture: {exc}"
+
+    def feed(self, chunk: bytes) -> None:
+        rec = self.record
+        if rec.ttft_ms is None:
+            rec.ttft_ms = self.elapsed_ms()
+        if len(rec.timeline) < TIMELINE_MAX:
+            rec.timeline.append([self._size, round(self.elapsed_ms(), 3)])
+        self._raw.write(chunk)
+        self._sha.update(chunk)
+        self._size += len(chunk)
+        if self._sse is not None:
+            try:
+                data = self._decompress(chunk) if self._decompress else chunk
+                for event in self._sse.feed(data):
+                    self._assembler.feed(event)
+            except Exception as exc:  # capture must never break the stream
+                self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        self.record.error = f"capture: {type(exc).__name__}: {exc}"
+        self._sse = None
+
+    def finish(self, status: str | None = None, error: str | None = None) -> TurnRecord:
+        rec = self.record
+        rec.duration_ms = self.elapsed_ms()
+        if self._sse is not None:
+            try:
+                for event in self._sse.close():
+                    self._assembler.feed(event)
+            except Exception as exc:
+                self._fail(exc)
+        if self._assembler is not None:
+            try:
+                rec.response = self._assembler.result()
+                rec.stream_error = self._assembler.error
+                rec.unparsed_events = len(getattr(self._assembler, "unparsed", ()) or ())
+            except Exception as exc:
+                self._fail(exc)
+        if error:
+            rec.error = error if not rec.error else f"{error}; {rec.error}"
+        if status:
+            rec.status = status
+        elif (rec.http_status or 0) >= 400 or rec.stream_error:
+            rec.status = "upstream_error"
+        self._raw.seek(0)
+        rec.raw = self._raw  # the writer streams it into the database, then releases it
+        rec.raw_size = self._size
+        rec.raw_sha256 = self._sha.hexdigest()
+        return rec

@@ -1,0 +1,64 @@
+"""The `tooltap` command."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from .config import DEFAULT_DB, Settings, Upstream, upstreams_from_env
+from .schemas.cli import schemas
+
+
+@click.group()
+@click.version_option(package_name="tooltap")
+def main() -> None:
+    """tooltap: a logging reverse proxy and tool-call inspector for LLM agents."""
+
+
+def _upstream(ctx, param, values):
+    try:
+        ups = [Upstream.parse(v) for v in values] or upstreams_from_env()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if not ups:
+        raise click.BadParameter("give at least one --upstream URL (or set TOOLTAP_UPSTREAM)")
+    if sum(u.name is None for u in ups) > 1:
+        raise click.BadParameter("only one upstream can be served at the root; name the others NAME=URL")
+    return tuple(ups)
+
+
+@main.command()
+@click.option("--upstream", "upstreams", multiple=True, callback=_upstream, metavar="URL | NAME=URL",
+              help="Where to forward. A bare URL is served at the root; NAME=URL under /NAME/. Repeatable.")
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
+              help="Database URL (sqlite:///FILE or postgresql+psycopg://...).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--read-timeout", default=600.0, show_default=True, type=float,
+              help="Seconds to wait for each upstream read; slow models think before they speak.")
+@click.option("--spool", "spool_path", default=None, help="Where turns wait when the database is down.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level) -> None:
+    """Forward agent traffic to the upstream and record every turn."""
+    import uvicorn
+
+    from .app import TooltapApp
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings(upstreams=upstreams, db_url=db_url, read_timeout=read_timeout, spool_path=spool_path)
+    app = TooltapApp(settings)
+    for up in upstreams:
+        click.echo(f"tooltap: http://{host}:{port}{up.prefix or '/'} -> {up.url}")
+    click.echo(f"tooltap: inspector at http://{host}:{port}/_tooltap/  (database: {db_url})")
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level,
+        access_log=False,  # uvicorn would log ?key= in clear
+        server_header=False, date_header=False,  # the upstream's headers, not ours
+        timeout_graceful_shutdown=int(os.environ.get("TOOLTAP_SHUTDOWN_GRACE", "10")),
+    )
+
+
+main.add_command(schemas)

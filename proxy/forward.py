@@ -1,0 +1,190 @@
+"""The hot path: forward one request upstream and stream the answer back untouched.
+
+A raw ASGI app, so nothing sits between the client's socket and the upstream's but this
+file: read the request, send it upstream with its headers as they came (less hop-by-hop
+ones and Host), pass every response chunk to the client the moment it arrives, then hand
+the capture to the store's queue. No database call, no re-serialization, no buffering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Callable
+
+import httpx
+
+from . import apis
+from .capture import Capture, TurnRecord
+from .config import Settings
+from .secrets import redact_headers, redact_query, redact_url
+
+log = logging.getLogger("tooltap")
+
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+     "te", "trailer", "trailers", "transfer-encoding", "upgrade"}
+)
+SESSION_HEADER = "x-tooltap-session"
+
+
+class UpstreamAborted(Exception):
+    """Raised after the response has started, so the server drops the client connection
+    and the client sees the same abrupt end the upstream gave us."""
+
+
+def _strip(headers: list[tuple[str, str]], also: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    named = {n.strip().lower() for k, v in headers if k.lower() == "connection" for n in v.split(",")}
+    drop = HOP_BY_HOP | named | also
+    return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+def _proxy_error_body(cause: str) -> bytes:
+    return json.dumps(
+        {"error": {"type": "tooltap_proxy_error", "message": f"tooltap could not reach the upstream: {cause}"}}
+    ).encode()
+
+
+class Forwarder:
+    def __init__(self, settings: Settings, client: httpx.AsyncClient, sink: Callable[[TurnRecord], None]):
+        self.settings = settings
+        self.client = client
+        self.sink = sink  # must not block: the store's queue.put_nowait
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope["path"]
+        route = self.settings.resolve(path)
+        if route is None:
+            await _send_json(send, 404, {"error": {"type": "tooltap_no_upstream",
+                                                   "message": f"no upstream serves {path}"}})
+            return
+        upstream, upstream_path = route
+        started_at = time.time()
+        body = await _read_body(receive)
+
+        raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        session_hint = next((v for k, v in raw_headers if k.lower() == SESSION_HEADER), None)
+        headers = _strip(raw_headers, frozenset({"host", SESSION_HEADER}))
+        query = scope.get("query_string", b"").decode("latin-1")
+        method = scope["method"]
+        api = apis.detect(method, upstream_path)
+        capture = Capture(
+            TurnRecord(
+                started_at=started_at,
+                method=method,
+                path=path + ("?" + redact_query(query) if query else ""),
+                upstream=redact_url(upstream.url),
+                request_headers=redact_headers(headers),
+                request_body=body,
+                session_hint=session_hint,
+                api=api.name if api else "other",
+            ),
+            api,
+        )
+
+        url = upstream.url + upstream_path + ("?" + query if query else "")
+        # A bare Request, not client.build_request: the client's default headers
+        # (User-Agent, Accept-Encoding...) must not be added to what the agent sent.
+        request = httpx.Request(method, url, headers=headers, content=body)
+        try:
+            response = await self.client.send(request, stream=True)
+        except (httpx.HTTPError, OSError) as exc:
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            body = _proxy_error_body(cause)
+            capture.response_started(502, [["content-type", "application/json"]], "application/json", None)
+            await _send_raw(send, 502, [(b"content-type", b"application/json")], body)
+            capture.feed(body)
+            self.sink(capture.finish("proxy_error", cause))
+            return
+
+        status, error = None, None
+        try:
+            resp_headers = _strip(list(response.headers.multi_items()))
+            capture.response_started(
+                response.status_code,
+                redact_headers(resp_headers),
+                response.headers.get("content-type", ""),
+                response.headers.get("content-encoding"),
+            )
+            await send({
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp_headers],
+            })
+            status, error = await _pump(response, capture, receive, send)
+        except asyncio.CancelledError:  # server shutting down mid-stream
+            status, error = "proxy_error", "tooltap shut down during the response"
+            raise
+        finally:
+            await response.aclose()
+            self.sink(capture.finish(status, error))
+        if status == "upstream_aborted":
+            raise UpstreamAborted(error)
+
+
+async def _pump(response: httpx.Response, capture: Capture, receive, send) -> tuple[str | None, str | None]:
+    """Copy the body to the client, chunk by chunk, as it arrives. A watcher cancels the
+    copy the moment the client hangs up, so the upstream connection is closed at once.
+    Returns (status, error) for anything but a normal end."""
+    pump = asyncio.current_task()
+    hung_up = False
+
+    async def watch() -> None:
+        nonlocal hung_up
+        await _wait_disconnect(receive)
+        hung_up = True
+        pump.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        chunks = response.aiter_raw()
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except (httpx.HTTPError, OSError) as exc:
+                return "upstream_aborted", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            try:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
+                return "client_aborted", f"the client closed the connection ({type(exc).__name__})"
+            capture.feed(chunk)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return None, None
+    except asyncio.CancelledError:
+        if not hung_up:
+            raise
+        pump.uncancel()
+        return "client_aborted", "the client closed the connection"
+    finally:
+        watcher.cancel()
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_body(receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(parts)
+
+
+async def _send_raw(send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers = headers + [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send, status: int, obj) -> None:
+    await _send_raw(send, status, [(b"content-type", b"application/json")], json.dumps(obj).encode())

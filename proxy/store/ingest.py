@@ -1,0 +1,214 @@
+"""Turn a captured exchange (`TurnRecord`) into rows. Runs on the writer thread."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session as DB
+
+from .. import apis
+from ..capture import TurnRecord, decompress
+from . import content
+from .models import Blob, ChainNode, Session, ToolCallRow, Turn
+from .threading import place
+
+TITLE_MAX = 200
+
+
+def parse_json(data: bytes) -> Any:
+    """The JSON value in `data`, or None when it is not JSON."""
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _header(headers: list[list[str]], name: str) -> str | None:
+    return next((v for k, v in headers if k.lower() == name), None)
+
+
+class Ingestor:
+    """Writes turns; remembers which blobs and chain nodes exist to skip re-inserting them."""
+
+    def __init__(self, dialect: str):
+        self._insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        self._known: set[str] = set()  # blob and chain hashes written by this process
+
+    def _put_ignore(self, db: DB, model, rows: list[dict], key: str) -> None:
+        rows = [r for r in rows if r[key] not in self._known]
+        if rows:
+            db.exec(self._insert(model).values(rows).on_conflict_do_nothing(index_elements=[key]))
+            self._known.update(r[key] for r in rows)
+
+    def put_blobs(self, db: DB, values: list[Any]) -> list[str]:
+        hashes, rows = [], []
+        for value in values:
+            h = content.content_hash(value)
+            hashes.append(h)
+            if h not in self._known:
+                rows.append({"hash": h, "data": content.pack(value)})
+        self._put_ignore(db, Blob, list({r["hash"]: r for r in rows}.values()), "hash")
+        return hashes
+
+    def add(self, db: DB, rec: TurnRecord) -> Turn:
+        api = apis.by_name(rec.api)
+        request = parse_json(rec.request_body)
+        response, response_note = self._response(rec)
+        turn = Turn(
+            session_id="", api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream,
+            http_status=rec.http_status, status=rec.status, stream=rec.stream,
+            started_at=rec.started_at, ttft_ms=rec.ttft_ms, duration_ms=rec.duration_ms,
+            request_size=len(rec.request_body), request_headers=rec.request_headers,
+            response_headers=rec.response_headers,
+            raw=content.compress_chunks(rec.iter_raw(), 6 if rec.raw_size < (8 << 20) else 1),
+            raw_size=rec.raw_size, raw_sha256=rec.raw_sha256,
+            content_type=_header(rec.response_headers, "content-type"),
+            content_encoding=_header(rec.response_headers, "content-encoding"),
+            timeline=content.pack(rec.timeline) if rec.timeline else None,
+            error="; ".join(e for e in (rec.error, response_note) if e) or None,
+            stream_error=rec.stream_error,
+        )
+        if response is not None:
+            turn.response = content.pack(response)
+        if not isinstance(request, dict):
+            turn.request_raw = content.compress_chunks([rec.request_body]) if rec.request_body else None
+            request = None
+
+        hashes: list[str] = []
+        roles: list[str | None] = []
+        if request is not None:
+            turn.model = (api.model(request, response) if api else None) or request.get("model")
+            hashes, roles = self._split_request(db, turn, request, api)
+        chain = content.chain(hashes)
+        turn.chain_hash = chain[-1] if chain else None
+        placement = place(db, chain, roles, rec.session_hint)
+        turn.session_id, turn.parent_id = placement.session_id, placement.parent_id
+        if chain:
+            self._put_ignore(db, ChainNode, [
+                {"hash": h, "parent": chain[i - 1] if i else None, "message_hash": m,
+                 "depth": i + 1, "session_id": placement.session_id}
+                for i, (h, m) in enumerate(zip(chain, hashes))
+            ], "hash")
+
+        calls: list[apis.ToolCall] = []
+        if api is not None and isinstance(response, dict):
+            turn.usage = api.usage(response)
+            try:
+                calls = api.tool_calls(response)
+            except Exception as exc:  # a response we cannot read still stores
+                turn.error = "; ".join(filter(None, [turn.error, f"tool calls: {exc}"]))
+        turn.tool_call_count = len(calls)
+        db.add(turn)
+        db.flush()  # the id, and visibility to the next turn's threading in this batch
+        for call in calls:
+            db.add(ToolCallRow(
+                turn_id=turn.id, index=call.index, call_id=call.id, name=call.name,
+                arguments_raw=call.arguments_raw, arguments=call.arguments,
+                arguments_error=call.arguments_error, choice=call.choice,
+            ))
+        self._update_session(db, turn, request, placement.new_session)
+        return turn
+
+    def _response(self, rec: TurnRecord) -> tuple[Any, str | None]:
+        """The response as JSON: assembled from the stream, or the body parsed."""
+        if rec.response is not None:
+            return rec.response, None
+        if rec.stream or not rec.raw_size:
+            return None, None
+        try:
+            body = decompress(rec.raw_bytes(), _header(rec.response_headers, "content-encoding"))
+        except Exception as exc:
+            return None, f"response body: cannot decompress ({exc})"
+        parsed = parse_json(body)
+        ctype = _header(rec.response_headers, "content-type") or ""
+        if parsed is None and "json" in ctype:
+            return None, "response body: not valid JSON (kept raw)"
+        return parsed, None
+
+    def _split_request(self, db: DB, turn: Turn, request: dict, api) -> tuple[list[str], list]:
+        """Move messages, tools and system prompt into blobs; keep the rest as the skeleton.
+        Returns the hashes of the chain's items (system prompt first, if any) and their roles."""
+        keys = api.keys if api else None
+        skeleton = dict(request)
+        messages = request.get(keys.messages) if keys else None
+        system = request.get(keys.system) if keys and keys.system else None
+        tools = request.get(keys.tools) if keys and keys.tools else None
+        if not isinstance(messages, list):
+            turn.request_skeleton = skeleton
+            return [], []
+        items = ([system] if system is not None else []) + messages
+        hashes = self.put_blobs(db, items)
+        if system is not None:
+            turn.system_hash = hashes[0]
+            skeleton[keys.system] = None
+        if isinstance(tools, list):
+            turn.tools_hash = self.put_blobs(db, [tools])[0]
+            skeleton[keys.tools] = None
+        skeleton[keys.messages] = None
+        turn.request_skeleton = skeleton
+        turn.message_count = len(messages)
+        roles = (["system"] if system is not None else []) + [
+            m.get("role") if isinstance(m, dict) else None for m in messages
+        ]
+        return hashes, roles
+
+    def _update_session(self, db: DB, turn: Turn, request: dict | None, new: bool) -> None:
+        session = None if new else db.get(Session, turn.session_id)
+        if session is None:
+            session = Session(id=turn.session_id, started_at=turn.started_at, last_at=turn.started_at,
+                              title=first_user_text(request), models=[])
+        session.last_at = max(session.last_at, turn.started_at)
+        session.turns += 1
+        session.tool_calls += turn.tool_call_count
+        session.errors += turn.status != "ok"
+        usage = turn.usage if isinstance(turn.usage, dict) else {}
+        session.input_tokens += _int(usage, "prompt_tokens", "input_tokens", "promptTokenCount")
+        session.output_tokens += _int(usage, "completion_tokens", "output_tokens", "candidatesTokenCount")
+        if turn.model and turn.model not in session.models:
+            session.models = [*session.models, turn.model]
+        if not session.title:
+            session.title = first_user_text(request)
+        db.add(session)
+
+
+def _int(d: dict, *keys: str) -> int:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, int):
+            return v
+    return 0
+
+
+def first_user_text(request: dict | None) -> str | None:
+    """A session title: the first user text, or what sits inside Cline's <task> tags."""
+    if not isinstance(request, dict):
+        return None
+    for msgs_key in ("messages", "input", "contents"):
+        messages = request.get(msgs_key)
+        if isinstance(messages, str):
+            return messages[:TITLE_MAX]
+        if not isinstance(messages, list):
+            continue
+        for m in messages:
+            if isinstance(m, dict) and m.get("role") == "user":
+                text = _text_of(m.get("content", m.get("parts")))
+                if text:
+                    start, end = text.find("<task>"), text.find("</task>")
+                    if start >= 0 and end > start:
+                        text = text[start + 6:end]
+                    return " ".join(text.split())[:TITLE_MAX]
+    return None
+
+
+def _text_of(content_: Any) -> str:
+    if isinstance(content_, str):
+        return content_
+    if isinstance(content_, list):
+        for part in content_:
+            if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"].strip():
+                return part["text"]
+    return ""

@@ -1,0 +1,108 @@
+"""The database tables.
+
+Requests repeat themselves: an agent resends its whole history, system prompt and tools
+on every turn. So messages, tools arrays and system prompts live once each in `blobs`,
+keyed by the hash of their canonical JSON; a request's message list is a path in
+`chain_nodes` (a trie of message-list prefixes, each node hashing its parent's hash with
+its own message); a turn keeps only the rest of its request body (the skeleton), the
+hash of its last chain node and the hashes of its tools and system prompt. The same
+chain threads turns into sessions (see threading.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Column, LargeBinary, Text
+from sqlmodel import Field, SQLModel
+
+_JSON = JSON(none_as_null=True)  # Python None is SQL NULL, not the JSON text 'null'
+
+
+class Blob(SQLModel, table=True):
+    __tablename__ = "blobs"
+    hash: str = Field(primary_key=True, max_length=32)
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # zlib of compact JSON
+
+
+class ChainNode(SQLModel, table=True):
+    __tablename__ = "chain_nodes"
+    hash: str = Field(primary_key=True, max_length=32)
+    parent: str | None = Field(default=None, max_length=32)
+    message_hash: str = Field(max_length=32)
+    depth: int
+    session_id: str = Field(index=True, max_length=64)
+
+
+class Session(SQLModel, table=True):
+    __tablename__ = "sessions"
+    id: str = Field(primary_key=True, max_length=64)
+    title: str | None = Field(default=None, sa_column=Column(Text))
+    agent: str | None = None
+    started_at: float = Field(index=True)
+    last_at: float = Field(index=True)
+    turns: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    errors: int = 0
+    models: list[str] = Field(default_factory=list, sa_column=Column(_JSON, nullable=False))
+
+
+class Turn(SQLModel, table=True):
+    __tablename__ = "turns"
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(index=True, max_length=64)
+    parent_id: int | None = Field(default=None, index=True)
+    api: str
+    method: str
+    path: str = Field(sa_column=Column(Text, nullable=False))
+    upstream: str
+    http_status: int | None = None
+    status: str = Field(index=True)
+    stream: bool = False
+    started_at: float = Field(index=True)
+    ttft_ms: float | None = None
+    duration_ms: float | None = None
+    model: str | None = Field(default=None, index=True)
+    # The request: skeleton + chain + blobs; request_raw only when the body is not JSON.
+    request_skeleton: Any = Field(default=None, sa_column=Column(_JSON))
+    request_raw: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
+    request_size: int = 0
+    chain_hash: str | None = Field(default=None, index=True, max_length=32)
+    message_count: int = 0
+    system_hash: str | None = Field(default=None, max_length=32)
+    tools_hash: str | None = Field(default=None, index=True, max_length=32)
+    request_headers: Any = Field(default=None, sa_column=Column(_JSON))
+    # The response: reassembled JSON and the exact bytes the client got, both zlib.
+    response: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
+    response_headers: Any = Field(default=None, sa_column=Column(_JSON))
+    usage: Any = Field(default=None, sa_column=Column(_JSON))
+    raw: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
+    raw_size: int = 0
+    raw_sha256: str = ""
+    content_type: str | None = None
+    content_encoding: str | None = None
+    timeline: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    stream_error: Any = Field(default=None, sa_column=Column(_JSON))
+    tool_call_count: int = 0
+    decoding: Any = Field(default=None, sa_column=Column(_JSON))  # agent decoders' per-turn output
+
+
+class ToolCallRow(SQLModel, table=True):
+    __tablename__ = "tool_calls"
+    id: int | None = Field(default=None, primary_key=True)
+    turn_id: int = Field(index=True)
+    index: int
+    call_id: str | None = None
+    name: str = Field(sa_column=Column(Text, nullable=False))
+    arguments_raw: str = Field(sa_column=Column(Text, nullable=False))
+    arguments: Any = Field(default=None, sa_column=Column(_JSON))
+    arguments_error: str | None = Field(default=None, sa_column=Column(Text))
+    choice: int = 0
+    source: str = "wire"  # "wire": a native tool call; "text": parsed from XML in the text
+    decoded: Any = Field(default=None, sa_column=Column(_JSON))
+    task_progress: Any = Field(default=None, sa_column=Column(_JSON))
+    result: Any = Field(default=None, sa_column=Column(_JSON))
+    violations: Any = Field(default=None, sa_column=Column(_JSON))

@@ -1,0 +1,212 @@
+"""Reading stored turns back as the JSON the read API serves (DESIGN.md, "Read API")."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import func, text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session as DB, select
+
+from .. import apis
+from . import content
+from .db import make_engine
+from .models import Blob, Session, ToolCallRow, Turn
+
+_CHAIN = text(
+    "WITH RECURSIVE c(hash, parent, message_hash, depth) AS ("
+    " SELECT hash, parent, message_hash, depth FROM chain_nodes WHERE hash = :h"
+    " UNION ALL SELECT n.hash, n.parent, n.message_hash, n.depth"
+    " FROM chain_nodes n JOIN c ON n.hash = c.parent)"
+    " SELECT message_hash FROM c ORDER BY depth"
+)
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Reader:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # -- sessions --------------------------------------------------------------------
+
+    def sessions(self, limit: int = 100, offset: int = 0) -> list[dict]:
+        with DB(self.engine) as db:
+            rows = db.exec(
+                select(Session).order_by(Session.last_at.desc(), Session.id).offset(offset).limit(limit)
+            ).all()
+            return [session_json(s) for s in rows]
+
+    def session(self, session_id: str) -> dict | None:
+        with DB(self.engine) as db:
+            s = db.get(Session, session_id)
+            if s is None:
+                return None
+            turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
+            names = self._call_names(db, [t.id for t in turns])
+            return {**session_json(s), "turns": [turn_summary(t, names.get(t.id, [])) for t in turns]}
+
+    # -- turns -----------------------------------------------------------------------
+
+    def turns(self, limit: int = 50, before: int | None = None) -> list[dict]:
+        with DB(self.engine) as db:
+            q = select(Turn).order_by(Turn.id.desc()).limit(limit)
+            if before is not None:
+                q = q.where(Turn.id < before)
+            turns = db.exec(q).all()
+            names = self._call_names(db, [t.id for t in turns])
+            return [turn_summary(t, names.get(t.id, [])) for t in turns]
+
+    def turn(self, turn_id: int) -> dict | None:
+        with DB(self.engine) as db:
+            t = db.get(Turn, turn_id)
+            if t is None:
+                return None
+            calls = db.exec(
+                select(ToolCallRow).where(ToolCallRow.turn_id == turn_id).order_by(ToolCallRow.index)
+            ).all()
+            return {
+                **turn_summary(t, [c.name for c in calls]),
+                "request": self.request(db, t),
+                "response": content.unpack(t.response),
+                "raw_sha256": t.raw_sha256,
+                "raw_size": t.raw_size,
+                "request_headers": t.request_headers,
+                "response_headers": t.response_headers,
+                "stream_error": t.stream_error,
+                "decoding": t.decoding,
+                "tool_calls": [tool_call_json(c) for c in calls],
+            }
+
+    def raw(self, turn_id: int) -> tuple[bytes, str | None, str | None] | None:
+        """The exact response bytes, their content type and encoding."""
+        with DB(self.engine) as db:
+            t = db.get(Turn, turn_id)
+            if t is None:
+                return None
+            return content.inflate(t.raw), t.content_type, t.content_encoding
+
+    def timeline(self, turn_id: int) -> list | None:
+        with DB(self.engine) as db:
+            t = db.get(Turn, turn_id)
+            return None if t is None else (content.unpack(t.timeline) or [])
+
+    # -- the request, rebuilt from its skeleton, chain and blobs -----------------------
+
+    def request(self, db: DB, t: Turn) -> Any:
+        if t.request_raw is not None:
+            return content.inflate(t.request_raw).decode("utf-8", "replace")
+        body = dict(t.request_skeleton) if isinstance(t.request_skeleton, dict) else t.request_skeleton
+        api = apis.by_name(t.api)
+        if not isinstance(body, dict) or api is None or t.chain_hash is None:
+            return body
+        hashes = [r[0] for r in db.exec(_CHAIN, params={"h": t.chain_hash})]
+        if t.system_hash is not None:
+            body[api.keys.system] = self.blob(db, t.system_hash)
+            hashes = hashes[1:]
+        body[api.keys.messages] = [self.blob(db, h) for h in hashes]
+        if t.tools_hash is not None:
+            body[api.keys.tools] = self.blob(db, t.tools_hash)
+        return body
+
+    def blob(self, db: DB, h: str) -> Any:
+        row = db.get(Blob, h)
+        return None if row is None else content.unpack(row.data)
+
+    def tools_of(self, turn_id: int) -> list | None:
+        with DB(self.engine) as db:
+            t = db.get(Turn, turn_id)
+            return None if t is None or t.tools_hash is None else self.blob(db, t.tools_hash)
+
+    def latest_tools_of_session(self, session_id: str) -> list | None:
+        with DB(self.engine) as db:
+            h = db.exec(
+                select(Turn.tools_hash).where(Turn.session_id == session_id, Turn.tools_hash.is_not(None))
+                .order_by(Turn.id.desc()).limit(1)
+            ).first()
+            return None if h is None else self.blob(db, h)
+
+    def tool_sets(self) -> list[dict]:
+        """Each distinct tools array per session, with where it was first seen."""
+        with DB(self.engine) as db:
+            rows = db.exec(
+                select(Turn.session_id, Turn.tools_hash, func.min(Turn.id), func.min(Turn.started_at),
+                       func.max(Turn.api), func.max(Turn.model))
+                .where(Turn.tools_hash.is_not(None))
+                .group_by(Turn.session_id, Turn.tools_hash)
+                .order_by(func.min(Turn.id))
+            ).all()
+            out = []
+            for session_id, tools_hash, turn_id, seen_at, api, model in rows:
+                tools = self.blob(db, tools_hash)
+                out.append({"session_id": session_id, "turn_id": turn_id, "api": api, "model": model,
+                            "tools_hash": tools_hash, "tool_count": len(tools or []), "seen_at": iso(seen_at)})
+            return out
+
+    @staticmethod
+    def _call_names(db: DB, turn_ids: list[int]) -> dict[int, list[str]]:
+        names: dict[int, list[str]] = {}
+        if turn_ids:
+            for turn_id, name in db.exec(
+                select(ToolCallRow.turn_id, ToolCallRow.name)
+                .where(ToolCallRow.turn_id.in_(turn_ids)).order_by(ToolCallRow.turn_id, ToolCallRow.index)
+            ):
+                names.setdefault(turn_id, []).append(name)
+        return names
+
+
+def session_json(s: Session) -> dict:
+    return {
+        "id": s.id, "title": s.title, "agent": s.agent,
+        "started_at": iso(s.started_at), "last_at": iso(s.last_at),
+        "turns": s.turns, "tool_calls": s.tool_calls, "models": s.models,
+        "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "errors": s.errors,
+    }
+
+
+def turn_summary(t: Turn, call_names: list[str]) -> dict:
+    return {
+        "id": t.id, "session_id": t.session_id, "parent_id": t.parent_id, "api": t.api,
+        "method": t.method, "path": t.path, "upstream": t.upstream, "model": t.model,
+        "http_status": t.http_status, "status": t.status, "stream": t.stream,
+        "started_at": iso(t.started_at), "ttft_ms": _ms(t.ttft_ms), "duration_ms": _ms(t.duration_ms),
+        "usage": t.usage, "error": t.error, "tool_call_names": call_names,
+    }
+
+
+def tool_call_json(c: ToolCallRow) -> dict:
+    return {
+        "id": c.call_id, "index": c.index, "name": c.name, "choice": c.choice, "source": c.source,
+        "decoded": c.decoded, "arguments": c.arguments, "arguments_raw": c.arguments_raw,
+        "arguments_error": c.arguments_error, "task_progress": c.task_progress,
+        "result": c.result, "violations": c.violations or [],
+    }
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+# -- module-level helpers for the CLI (one engine per database URL) ----------------------
+
+@lru_cache(maxsize=4)
+def _reader(db_url: str) -> Reader:
+    return Reader(make_engine(db_url))
+
+
+def turn_tools(db_url: str, turn_id: int) -> list[dict] | None:
+    return _reader(db_url).tools_of(turn_id)
+
+
+def session_tools(db_url: str, session_id: str) -> list[dict] | None:
+    return _reader(db_url).latest_tools_of_session(session_id)
+
+
+def tool_sets(db_url: str) -> list[dict]:
+    return _reader(db_url).tool_sets()

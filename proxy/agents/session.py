@@ -48,6 +48,11 @@ def decode_session(turns: list[TurnInput]) -> SessionDecoding:
     uids: dict[str, str] = {}  # shared by every view, filled before names decode
     work = [_Turn(t, uids) for t in turns]
     by_id = {w.turn.id: w for w in work}
+    # Branches (retries, edits) share a parent: the first child in arrival order answers.
+    children: dict[int, _Turn] = {}
+    for w in work:
+        if w.turn.parent_id is not None and w.turn.parent_id != w.turn.id:
+            children.setdefault(w.turn.parent_id, w)
     for w in work:
         w.agent = w.guard("agent", lambda w=w: registry.detect_agent(w.view)) or "generic"
         w.text_calls = w.guard("text_calls", lambda w=w: _text_calls(w)) or []
@@ -58,7 +63,7 @@ def decode_session(turns: list[TurnInput]) -> SessionDecoding:
         w.guard("names", lambda w=w: _decode_names(w))
     header_uids: dict[str, str] = {}
     for w in work:
-        child = _first_child(w, work)
+        child = children.get(w.turn.id)
         w.guard("results", lambda w=w, child=child: _pair(w, child, header_uids))
     if any(uid not in uids for uid in header_uids):
         for uid, server in header_uids.items():
@@ -69,7 +74,7 @@ def decode_session(turns: list[TurnInput]) -> SessionDecoding:
     _progress(work, by_id)
     for w in work:
         w.guard("validation", lambda w=w: _validate(w))
-        w.structure = w.guard("structure", lambda w=w: _structure(w, _first_child(w, work))) or {}
+        w.structure = w.guard("structure", lambda w=w: _structure(w, children.get(w.turn.id))) or {}
 
     out = SessionDecoding(uids=dict(uids))
     for w in work:
@@ -83,11 +88,6 @@ def decode_turn(turns: list[TurnInput], turn_id: int) -> tuple[dict[str, Any], d
     """One turn decoded in the context of its session: (turn dict, calls by index)."""
     d = decode_session(turns)
     return d.turns[turn_id], {i: c for (t, i), c in d.calls.items() if t == turn_id}
-
-
-def _first_child(w: _Turn, work: list[_Turn]) -> _Turn | None:
-    # Branches (retries, edits) share a parent: the first in arrival order answers.
-    return next((c for c in work if c.turn.parent_id == w.turn.id and c is not w), None)
 
 
 def _text_calls(w: _Turn) -> list[dict[str, Any]]:

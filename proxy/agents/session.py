@@ -47,7 +47,6 @@ def decode_session(turns: list[TurnInput]) -> SessionDecoding:
     the same decoding, live or in `tooltap redecode`."""
     uids: dict[str, str] = {}  # shared by every view, filled before names decode
     work = [_Turn(t, uids) for t in turns]
-    by_id = {w.turn.id: w for w in work}
     # Branches (retries, edits) share a parent: the first child in arrival order answers.
     children: dict[int, _Turn] = {}
     for w in work:
@@ -71,7 +70,7 @@ def decode_session(turns: list[TurnInput]) -> SessionDecoding:
         for w in work:
             w.guard("names", lambda w=w: _decode_names(w))
 
-    _progress(work, by_id)
+    _progress(work)
     for w in work:
         w.guard("validation", lambda w=w: _validate(w))
         w.structure = w.guard("structure", lambda w=w: _structure(w, children.get(w.turn.id))) or {}
@@ -136,7 +135,7 @@ def _pair(w: _Turn, child: _Turn | None, header_uids: dict[str, str]) -> None:
             header_uids.setdefault(decoded["uid"], seg.arg)
 
 
-def _progress(work: list[_Turn], by_id: dict[int, _Turn]) -> None:
+def _progress(work: list[_Turn]) -> None:
     """Each checklist against the previous one on the same branch (parents first)."""
     last: dict[int, dict[str, Any] | None] = {}
     for w in work:

@@ -13,7 +13,7 @@ import traceback
 from typing import Any, Callable
 
 from . import cline, cline_messages, cline_results, cline_xml, pairing, progress, registry, validate
-from .base import CallInput, SessionDecoding, TurnInput
+from .base import SessionDecoding, TurnInput
 from .generic import builtin
 from .view import TurnView
 

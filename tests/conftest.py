@@ -1,0 +1,126 @@
+"""Real servers for real tests: uvicorn on free ports, a scripted upstream, a SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from proxy.app import TooltapApp
+from proxy.config import Settings, Upstream
+from proxy.scripted import ScriptedUpstream
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CLINE = FIXTURES / "cline-weather"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An ASGI app served by a real uvicorn on a free loopback port, in a thread."""
+
+    def __init__(self, app, **config):
+        self.port = free_port()
+        self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                     access_log=False, server_header=False, date_header=False,
+                                     timeout_graceful_shutdown=2, **config)
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@dataclass
+class Tooltap:
+    app: TooltapApp
+    server: Server
+    db_path: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def flush(self) -> None:
+        self.app.writer.flush()
+
+    def api(self, path: str):
+        self.flush()
+        r = httpx.get(f"{self.url}/_tooltap/api{path}", timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+
+@pytest.fixture
+def upstream():
+    scripted = ScriptedUpstream()
+    with Server(scripted) as server:
+        scripted.url = server.url
+        yield scripted
+
+
+@pytest.fixture
+def make_tooltap(tmp_path):
+    started = []
+
+    def make(*upstreams: str, db_url: str | None = None, **settings) -> Tooltap:
+        db_path = tmp_path / f"tooltap{len(started)}.db"
+        s = Settings(upstreams=tuple(Upstream.parse(u) for u in upstreams),
+                     db_url=db_url or f"sqlite:///{db_path}", **settings)
+        app = TooltapApp(s)
+        server = Server(app).__enter__()
+        started.append(server)
+        return Tooltap(app, server, db_path)
+
+    yield make
+    for server in started:
+        server.__exit__()
+
+
+@pytest.fixture
+def tooltap(make_tooltap, upstream) -> Tooltap:
+    return make_tooltap(upstream.url)
+
+
+def cline_turn(n: int) -> dict:
+    turn = CLINE / f"turn{n}"
+    out = {"request": (turn / "request.json").read_bytes()}
+    if (turn / "response.sse").exists():
+        out["sse"] = (turn / "response.sse").read_bytes()
+        out["expected"] = json.loads((turn / "expected_completion.json").read_text())
+        out["published"] = json.loads((turn / "published_completion.json").read_text())
+    return out
+
+
+def postgres_url() -> str | None:
+    """A Postgres to test against: .ci/run starts one and sets TOOLTAP_TEST_POSTGRES."""
+    url = os.environ.get("TOOLTAP_TEST_POSTGRES")
+    if not url and os.environ.get("CI"):
+        raise RuntimeError("CI must provide TOOLTAP_TEST_POSTGRES (see .ci/run)")
+    return url

@@ -1,0 +1,204 @@
+"""End to end: a real client, a real tooltap (uvicorn), a real scripted upstream, a SQLite file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import httpx
+import openai
+import pytest
+
+from proxy.scripted import Reply
+from tests.conftest import cline_turn
+
+FINAL_SSE = (
+    b'data: {"id":"c4","object":"chat.completion.chunk","created":1,"model":"deepseek-chat",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":"Sunny, 21\\u00b0C."},"finish_reason":null}]}\n\n'
+    b'data: {"id":"c4","object":"chat.completion.chunk","created":1,"model":"deepseek-chat",'
+    b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def play_cline(tooltap, upstream, split=7):
+    """Send the four cline-weather requests through tooltap; return what the client got."""
+    turns = [cline_turn(n) for n in (1, 2, 3, 4)]
+    upstream.routes["/chat/completions"] = [
+        Reply.sse(t["sse"], split=split) for t in turns[:3]
+    ] + [Reply.sse(FINAL_SSE)]
+    got = []
+    with httpx.Client(base_url=tooltap.url, timeout=10) as client:
+        for t in turns:
+            r = client.post("/chat/completions", content=t["request"],
+                            headers={"content-type": "application/json",
+                                     "authorization": "Bearer sk-cline-secret-0123456789abcdef"})
+            assert r.status_code == 200
+            got.append(r.content)
+    return turns, got
+
+
+def test_cline_weather_end_to_end(tooltap, upstream):
+    turns, got = play_cline(tooltap, upstream)
+
+    # Byte for byte what the upstream sent, and the upstream got the agent's bytes.
+    for t, body in zip(turns[:3], got):
+        assert body == t["sse"]
+    assert [r.body for r in upstream.received] == [t["request"] for t in turns]
+
+    sessions = tooltap.api("/sessions")["sessions"]
+    assert len(sessions) == 1
+    s = sessions[0]
+    assert s["turns"] == 4 and s["tool_calls"] == 3 and s["models"] == ["deepseek-chat"]
+    assert s["title"].startswith("华盛顿明天天气如何")
+
+    session = tooltap.api(f"/sessions/{s['id']}")
+    ids = [t["id"] for t in session["turns"]]
+    assert [t["parent_id"] for t in session["turns"]] == [None, *ids[:-1]]
+    assert [t["tool_call_names"] for t in session["turns"]] == [
+        ["list_files"], ["read_file"], ["cIya4J0mcp0get_forecast"], []]
+
+    for n, turn_id in enumerate(ids[:3]):
+        turn = tooltap.api(f"/turns/{turn_id}")
+        assert turn["api"] == "openai.chat" and turn["status"] == "ok" and turn["stream"] is True
+        assert turn["response"] == turns[n]["expected"]
+        assert turn["response"] != turns[n]["published"]  # the capture's author lost content and a name
+        assert turn["request"] == json.loads(turns[n]["request"])
+        assert turn["raw_sha256"] == hashlib.sha256(turns[n]["sse"]).hexdigest()
+        assert turn["ttft_ms"] > 0 and turn["duration_ms"] >= turn["ttft_ms"]
+        assert turn["usage"] == turns[n]["expected"]["usage"]
+        raw = httpx.get(f"{tooltap.url}/_tooltap/api/turns/{turn_id}/raw")
+        assert raw.content == turns[n]["sse"]
+        assert raw.headers["content-type"].startswith("text/event-stream")
+        call = turn["tool_calls"][0]
+        expected_call = turns[n]["expected"]["choices"][0]["message"]["tool_calls"][0]
+        assert call["id"] == expected_call["id"]
+        assert call["arguments_raw"] == expected_call["function"]["arguments"]
+        assert call["arguments"] == json.loads(expected_call["function"]["arguments"])
+    last = tooltap.api(f"/turns/{ids[3]}")
+    assert last["response"]["choices"][0]["message"]["content"] == "Sunny, 21°C."
+    assert [t["id"] for t in tooltap.api("/turns?limit=2")["turns"]] == [ids[3], ids[2]]
+
+
+def test_storage_is_content_addressed(tooltap, upstream):
+    turns, _ = play_cline(tooltap, upstream)
+    import sqlite3
+
+    tooltap.flush()
+    db = sqlite3.connect(tooltap.db_path)
+    blobs = db.execute("select count(*) from blobs").fetchone()[0]
+    last_messages = len(json.loads(turns[3]["request"])["messages"])
+    # Each distinct message once, plus one tools array (the same in all four turns).
+    assert blobs == last_messages + 1
+    assert db.execute("select count(distinct tools_hash) from turns").fetchone()[0] == 1
+
+
+def test_openai_sdk_streaming_tools(tooltap, upstream):
+    """The official SDK, streaming with tools, through tooltap; read back from the API."""
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Checking. "}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}},
+            {"index": 1, "id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\":"}},
+        ]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": "{\"city\": \"Paris\"}"}},
+            {"index": 1, "function": {"arguments": "\"CET\"}"}},
+        ]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}},
+    ]
+    body = b"".join(
+        b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                                "model": "gpt-test", **c}).encode() + b"\n\n"
+        for c in chunks
+    ) + b"data: [DONE]\n\n"
+    upstream.routes["/v1/chat/completions"] = Reply.sse(body)
+
+    client = openai.OpenAI(base_url=f"{tooltap.url}/v1", api_key="sk-test-0123456789abcdef")
+    stream = client.chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "weather and time?"}], stream=True,
+        stream_options={"include_usage": True},
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    )
+    seen = [c for c in stream]
+    assert len(seen) == 5
+
+    turn = tooltap.api("/turns")["turns"][0]
+    full = tooltap.api(f"/turns/{turn['id']}")
+    message = full["response"]["choices"][0]["message"]
+    assert message["content"] == "Checking. "
+    assert [(c["name"], c["arguments"]) for c in full["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]
+    assert full["usage"]["total_tokens"] == 15
+    assert full["request"]["tools"][0]["function"]["name"] == "get_weather"
+    # Keys in headers are fingerprints, never the key.
+    auth = dict(full["request_headers"])["authorization"]
+    assert "sk-test-0123456789abcdef" not in auth and auth.startswith("Bearer …cdef#")
+
+
+def test_headers_pass_through_unchanged(tooltap, upstream):
+    upstream.routes["/echo"] = Reply(200, [("content-type", "text/plain"), ("x-upstream", "1"),
+                                           ("set-cookie", "a=b")], [b"ok"])
+    r = httpx.post(f"{tooltap.url}/echo?a=1&b=%20x", content=b"payload",
+                   headers={"x-custom": "v", "x-tooltap-session": "mine", "connection": "keep-alive"})
+    got = upstream.received[-1]
+    assert got.query == "a=1&b=%20x"
+    names = [k for k, _ in got.headers]
+    # What the client sent, less Host (rewritten), hop-by-hop and tooltap's own header.
+    assert "x-tooltap-session" not in names and "connection" not in names
+    assert got.header("x-custom") == "v" and got.header("user-agent").startswith("python-httpx")
+    assert got.header("host") == upstream.url.removeprefix("http://")
+    assert got.body == b"payload"
+    # Upstream headers back unchanged, and nothing of uvicorn's own.
+    assert r.headers["x-upstream"] == "1" and r.headers["set-cookie"] == "a=b"
+    assert "server" not in r.headers and "date" not in r.headers
+    turn = tooltap.api("/turns")["turns"][0]
+    assert turn["session_id"] == "mine" and turn["api"] == "other"
+
+
+def test_compressed_body_passes_as_sent_and_is_captured(tooltap, upstream):
+    import gzip
+
+    completion = {"id": "c", "object": "chat.completion", "model": "m",
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hé"},
+                               "finish_reason": "stop"}]}
+    packed = gzip.compress(json.dumps(completion).encode())
+    upstream.routes["/chat/completions"] = Reply(
+        200, [("content-type", "application/json"), ("content-encoding", "gzip"),
+              ("content-length", str(len(packed)))], [packed])
+    with httpx.Client() as client:
+        with client.stream("POST", f"{tooltap.url}/chat/completions",
+                           json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                           headers={"accept-encoding": "gzip"}) as r:
+            assert b"".join(r.iter_raw()) == packed
+    turn = tooltap.api(f"/turns/{tooltap.api('/turns')['turns'][0]['id']}")
+    assert turn["response"] == completion
+    assert turn["raw_sha256"] == hashlib.sha256(packed).hexdigest()
+
+
+def test_named_upstreams(make_tooltap, upstream):
+    from proxy.scripted import ScriptedUpstream
+    from tests.conftest import Server
+
+    other = ScriptedUpstream({"/v1/messages": Reply.json({"from": "other"})})
+    upstream.routes["/chat/completions"] = Reply.json({"from": "root"})
+    upstream.routes["/api/chat/completions"] = Reply.json({"from": "root-prefixed"})
+    with Server(other) as other_server:
+        tt = make_tooltap(upstream.url, f"claude={other_server.url}", f"deep={upstream.url}/api")
+        assert httpx.post(f"{tt.url}/chat/completions", json={}).json() == {"from": "root"}
+        assert httpx.post(f"{tt.url}/claude/v1/messages", json={}).json() == {"from": "other"}
+        assert httpx.post(f"{tt.url}/deep/chat/completions", json={}).json() == {"from": "root-prefixed"}
+        assert other.received[0].path == "/v1/messages"
+        turns = tt.api("/turns")["turns"]
+        assert {t["path"]: t["api"] for t in turns} == {
+            "/chat/completions": "openai.chat", "/claude/v1/messages": "anthropic.messages",
+            "/deep/chat/completions": "openai.chat"}
+
+
+def test_reserved_prefix_is_not_forwarded(tooltap, upstream):
+    assert httpx.get(f"{tooltap.url}/_tooltap/api/turns").json() == {"turns": []}
+    assert httpx.get(f"{tooltap.url}/_tooltap/api/nope").status_code == 404
+    assert upstream.received == []
+    r = httpx.get(f"{tooltap.url}/", headers={"accept": "text/html"})
+    assert r.status_code == 307 and r.headers["location"] == "/_tooltap/"

@@ -1,0 +1,121 @@
+"""Every turn status, each stored with what arrived."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+import respx
+
+from proxy.scripted import Reply
+from tests.conftest import free_port
+
+
+def chunk(content: str) -> bytes:
+    return b"data: " + json.dumps({"id": "s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                   "choices": [{"index": 0, "delta": {"content": content}}]}).encode() + b"\n\n"
+
+
+REQ = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "count"}]}
+
+
+def only_turn(tooltap):
+    turns = tooltap.api("/turns")["turns"]
+    assert len(turns) == 1
+    return tooltap.api(f"/turns/{turns[0]['id']}")
+
+
+def test_ok(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.sse(chunk("a") + chunk("b") + b"data: [DONE]\n\n")
+    assert httpx.post(f"{tooltap.url}/chat/completions", json=REQ).status_code == 200
+    turn = only_turn(tooltap)
+    assert turn["status"] == "ok" and turn["http_status"] == 200
+    assert turn["response"]["choices"][0]["message"]["content"] == "ab"
+
+
+def test_upstream_http_error_passes_unchanged(tooltap, upstream):
+    error = {"error": {"message": "Invalid API key", "type": "invalid_request_error"}}
+    upstream.routes["/chat/completions"] = Reply.json(error, status=401)
+    r = httpx.post(f"{tooltap.url}/chat/completions", json=REQ)
+    assert r.status_code == 401 and r.json() == error
+    turn = only_turn(tooltap)
+    assert turn["status"] == "upstream_error" and turn["http_status"] == 401
+    assert turn["response"] == error
+
+
+def test_mid_stream_error_payload_keeps_partial_content(tooltap, upstream):
+    err = b'data: {"error": {"message": "overloaded", "code": 529}}\n\n'
+    upstream.routes["/chat/completions"] = Reply.sse(chunk("partial ") + chunk("text") + err)
+    r = httpx.post(f"{tooltap.url}/chat/completions", json=REQ)
+    assert r.status_code == 200 and r.content.endswith(err)
+    turn = only_turn(tooltap)
+    assert turn["status"] == "upstream_error"
+    assert turn["stream_error"] == {"message": "overloaded", "code": 529}
+    assert turn["response"]["choices"][0]["message"]["content"] == "partial text"
+
+
+def test_upstream_abort_reaches_the_client(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.sse(chunk("one ") + chunk("two ") + chunk("three"),
+                                                     drop_after=2)
+    with pytest.raises(httpx.RemoteProtocolError):
+        with httpx.stream("POST", f"{tooltap.url}/chat/completions", json=REQ) as r:
+            got = b"".join(r.iter_raw())
+    turn = only_turn(tooltap)
+    assert turn["status"] == "upstream_aborted"
+    assert turn["response"]["choices"][0]["message"]["content"] == "one two "
+    assert "RemoteProtocolError" in turn["error"] or "ReadError" in turn["error"]
+
+
+def test_client_abort_closes_upstream(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.sse(b"".join(chunk(f"{i} ") for i in range(200)), delay=0.02)
+    with httpx.stream("POST", f"{tooltap.url}/chat/completions", json=REQ) as r:
+        it = r.iter_raw()
+        first = next(it)
+        assert first.startswith(b"data:")
+    # The agent hung up after the first chunk: tooltap must stop reading the upstream.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not tooltap.api("/turns")["turns"]:
+        time.sleep(0.05)
+    turn = only_turn(tooltap)
+    assert turn["status"] == "client_aborted"
+    assert upstream.finished == [False]
+    assert len(turn["response"]["choices"][0]["message"]["content"].split()) < 150
+
+
+def test_unreachable_upstream_is_a_502_naming_the_cause(make_tooltap):
+    port = free_port()  # nothing listens here
+    tt = make_tooltap(f"http://127.0.0.1:{port}")
+    r = httpx.post(f"{tt.url}/chat/completions", json=REQ)
+    assert r.status_code == 502
+    assert r.json()["error"]["type"] == "tooltap_proxy_error"
+    assert "ConnectError" in r.json()["error"]["message"]
+    turn = only_turn(tt)
+    assert turn["status"] == "proxy_error" and "ConnectError" in turn["error"]
+    assert turn["request"] == REQ
+
+
+@respx.mock
+def test_proxy_error_and_timeout_with_respx(make_tooltap):
+    """respx stands in for the provider: a timeout before any byte is a proxy_error too."""
+    respx.route(host="provider.test").mock(side_effect=httpx.ConnectTimeout("timed out"))
+    respx.route(host="127.0.0.1").pass_through()  # the test's own calls to tooltap
+    tt = make_tooltap("http://provider.test")
+    r = httpx.post(f"{tt.url}/v1/chat/completions", json=REQ)
+    assert r.status_code == 502 and "ConnectTimeout" in r.json()["error"]["message"]
+    assert only_turn(tt)["status"] == "proxy_error"
+
+
+@respx.mock
+def test_non_json_response_is_kept_raw_and_flagged(make_tooltap):
+    respx.route(host="provider.test").mock(return_value=httpx.Response(
+        200, headers={"content-type": "application/json"}, content=b'{"truncated": '))
+    respx.route(host="127.0.0.1").pass_through()
+    tt = make_tooltap("http://provider.test")
+    r = httpx.post(f"{tt.url}/v1/chat/completions", json={"model": "m", "messages": []})
+    assert r.content == b'{"truncated": '
+    turn = only_turn(tt)
+    assert turn["response"] is None and "not valid JSON" in turn["error"]
+    assert httpx.get(f"{tt.url}/_tooltap/api/turns/{turn['id']}/raw").content == b'{"truncated": '

@@ -145,6 +145,8 @@ class _Converter:
         if "const" in node:
             values, key = [node["const"]], "const"
             self.loss(join(path, "const"), "Gemini has no const: became a one-value enum", "changed")
+            if "enum" in node:  # one enum field, and const is the narrower of the two
+                self.loss(join(path, "enum"), "dropped in favour of const (Gemini has a single enum)")
         elif isinstance(node.get("enum"), list):
             values, key = node["enum"], "enum"
         else:
@@ -155,6 +157,8 @@ class _Converter:
         strings = [v if isinstance(v, str) else json.dumps(v) for v in values if v is not None]
         if any(not isinstance(v, str) for v in values if v is not None):
             self.loss(join(path, key), "Gemini enums hold strings only: non-string values were turned into text", "changed")
+        if not strings:  # only null was allowed: nullable says it, an empty enum would be refused
+            return
         out["enum"] = strings
         if "type" not in out and "anyOf" not in out:
             out["type"] = "STRING"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 
 # kinds, so a UI can group them: a keyword or value gone, a value rewritten into a
 # weaker or different form, a tool renamed to satisfy a provider, a whole tool left out,
 # or something kept that the provider is known to reject.
+# keys written as `.key` in a path ($ is allowed so `$ref`, `$defs` read naturally)
+PLAIN_KEY = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]*$")
+
 KINDS = ("dropped", "changed", "renamed", "omitted", "rejected")
 
 
@@ -30,7 +34,7 @@ def join(path: str, *keys: str | int) -> str:
     for key in keys:
         if isinstance(key, int):
             path += f"[{key}]"
-        elif key.isidentifier():
+        elif PLAIN_KEY.match(key):
             path += f".{key}"
         else:
             path += f"[{json.dumps(key)}]"

@@ -75,14 +75,13 @@ class Writer:
 
     def _loop(self) -> bool:
         """Write batches until asked to stop; False once stopped."""
-        self._replay_spool()
         stopping = False
         while not stopping:
+            self._replay_spool()  # rate-limited to one attempt per RETRY_SECONDS
             batch, waiters = [], []
             try:
                 item = self._queue.get(timeout=RETRY_SECONDS)
             except queue.Empty:
-                self._replay_spool()
                 continue
             deadline = time.monotonic() + BATCH_SECONDS
             while True:
@@ -106,8 +105,7 @@ class Writer:
                     elif isinstance(item, threading.Event):
                         waiters.append(item)
             if batch:
-                if self._write(batch):
-                    self._replay_spool()
+                self._write(batch)
             for w in waiters:
                 w.set()
         return False

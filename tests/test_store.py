@@ -1,0 +1,215 @@
+"""Storage: secrets, durability, a locked or missing database, sessions and branches, Postgres."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy.capture import TurnRecord
+from proxy.scripted import Reply
+from proxy.store import spool
+from proxy.store.read import Reader
+from proxy.store.writer import Writer
+from tests.conftest import Server, free_port, postgres_url
+
+KEY = "sk-live-SUPERSECRET-0123456789abcdef"
+GOOGLE_KEY = "AIzaSy-GOOGLESECRET-987654321"
+
+
+def chat(content="hi", history=()):
+    return {"model": "m", "messages": [*history, {"role": "user", "content": content}]}
+
+
+def reply(text="ok"):
+    return Reply.json({"id": "r", "object": "chat.completion", "model": "m",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                    "finish_reason": "stop"}]})
+
+
+def db_bytes(path: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+
+
+def spooled_bodies(path: str) -> bytes:
+    lines = [ln for p in (path, path + ".replaying") if Path(p).exists()
+             for ln in Path(p).read_text().split("\n") if ln]
+    return b"".join(spool.decode(ln).request_body for ln in lines)
+
+
+def test_secrets_never_reach_the_database(tooltap, upstream):
+    upstream.routes["/chat/completions"] = reply()
+    upstream.routes["/v1beta/models/gemini-pro:generateContent"] = Reply.json({"candidates": []})
+    httpx.post(f"{tooltap.url}/chat/completions", json=chat(),
+               headers={"authorization": f"Bearer {KEY}", "x-api-key": KEY, "api-key": KEY,
+                        "cookie": f"session={KEY}"})
+    httpx.post(f"{tooltap.url}/v1beta/models/gemini-pro:generateContent?key={GOOGLE_KEY}&alt=json",
+               json={"contents": []}, headers={"x-goog-api-key": GOOGLE_KEY})
+    # The upstream did get the keys: tooltap forwards them untouched.
+    assert upstream.received[0].header("authorization") == f"Bearer {KEY}"
+    assert GOOGLE_KEY in upstream.received[1].query
+    tooltap.flush()
+    stored = db_bytes(tooltap.db_path)
+    assert len(stored) > 10_000
+    for secret in (KEY, GOOGLE_KEY, "SUPERSECRET", "GOOGLESECRET"):
+        assert secret.encode() not in stored
+    turns = tooltap.api("/turns")["turns"]
+    assert any("key=…4321#" in t["path"] for t in turns)
+
+
+def test_writer_flushes_on_sigterm(tmp_path, upstream):
+    """A real `tooltap serve` process: a turn sent just before SIGTERM is in the database."""
+    upstream.routes["/chat/completions"] = reply()
+    db = tmp_path / "t.db"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--db", str(db),
+         "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/_tooltap/api/turns", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.1)
+        for i in range(5):
+            httpx.post(f"http://127.0.0.1:{port}/chat/completions", json=chat(f"q{i}"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
+    finally:
+        proc.kill()
+    rows = sqlite3.connect(db).execute("select count(*) from turns").fetchone()[0]
+    assert rows == 5
+
+
+def test_locked_database_spools_then_recovers(tooltap, upstream):
+    upstream.routes["/chat/completions"] = reply("still works")
+    tooltap.app.writer.engine.dispose()
+    lock = sqlite3.connect(tooltap.db_path, timeout=0)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        r = httpx.post(f"{tooltap.url}/chat/completions", json=chat("during the lock"), timeout=10)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still works"
+        tooltap.app.writer.flush()
+        assert tooltap.app.writer.spooled == 1
+        assert b"during the lock" in spooled_bodies(tooltap.app.writer.spool.path)
+    finally:
+        lock.rollback()
+        lock.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        turns = tooltap.api("/turns")["turns"]
+        if turns:
+            break
+        time.sleep(0.2)
+    assert len(turns) == 1
+    assert tooltap.api(f"/turns/{turns[0]['id']}")["request"]["messages"][0]["content"] == "during the lock"
+    assert not tooltap.app.writer.spool.pending()
+
+
+def test_unavailable_database_never_breaks_the_request(make_tooltap, upstream, tmp_path):
+    upstream.routes["/chat/completions"] = reply("served")
+    tt = make_tooltap(upstream.url)
+    # The database file's directory disappears from under the writer.
+    tt.app.writer.engine.dispose()
+    for p in tt.db_path.parent.glob(tt.db_path.name + "*"):
+        p.unlink()
+    tt.db_path.mkdir()  # a directory where the file was: sqlite cannot open it
+    r = httpx.post(f"{tt.url}/chat/completions", json=chat("lost?"))
+    assert r.json()["choices"][0]["message"]["content"] == "served"
+    tt.app.writer.flush()
+    assert tt.app.writer.spooled == 1
+    assert b"lost?" in spooled_bodies(tt.app.writer.spool.path)
+
+
+def test_sessions_threading_branches_and_header(tooltap, upstream):
+    upstream.routes["/chat/completions"] = reply()
+    post = lambda body, **h: httpx.post(f"{tooltap.url}/chat/completions", json=body, headers=h)
+    sys_msg = {"role": "system", "content": "You are terse."}
+    a1 = [sys_msg, {"role": "user", "content": "task A"}]
+    post({"model": "m", "messages": a1})
+    a2 = a1 + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    post({"model": "m", "messages": a2})
+    post({"model": "m", "messages": a2})  # a retry of turn 2
+    a_edit = a1 + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "edited"}]
+    post({"model": "m", "messages": a_edit})  # an edited history
+    post({"model": "m", "messages": [sys_msg, {"role": "user", "content": "task B"}]})  # same system, new task
+    post({"model": "m", "messages": [{"role": "user", "content": "task C"}]}, **{"X-Tooltap-Session": "pinned"})
+    post({"model": "m", "messages": [{"role": "user", "content": "unrelated"}]}, **{"X-Tooltap-Session": "pinned"})
+
+    sessions = {s["title"]: s for s in tooltap.api("/sessions")["sessions"]}
+    assert set(sessions) == {"task A", "task B", "task C"}
+    a = tooltap.api(f"/sessions/{sessions['task A']['id']}")
+    t1, t2, t3, t4 = a["turns"]
+    assert (t1["parent_id"], t2["parent_id"], t3["parent_id"], t4["parent_id"]) == (None, t1["id"], t1["id"], t1["id"])
+    assert sessions["task C"]["id"] == "pinned" and sessions["task C"]["turns"] == 2
+
+
+def test_request_rebuilds_exactly_with_system_prompt(tooltap, upstream):
+    upstream.routes["/v1/messages"] = Reply.json({"id": "msg", "type": "message", "role": "assistant",
+                                                  "content": [{"type": "text", "text": "hi"}],
+                                                  "model": "claude", "stop_reason": "end_turn",
+                                                  "usage": {"input_tokens": 3, "output_tokens": 1}})
+    body = {"model": "claude", "max_tokens": 10, "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [{"role": "user", "content": "hello"}],
+            "tools": [{"name": "t", "input_schema": {"type": "object"}}], "stream": False}
+    httpx.post(f"{tooltap.url}/v1/messages", json=body)
+    turn = tooltap.api(f"/turns/{tooltap.api('/turns')['turns'][0]['id']}")
+    assert turn["api"] == "anthropic.messages"
+    assert turn["request"] == body and list(turn["request"]) == list(body)
+    assert turn["response"]["content"][0]["text"] == "hi"
+    assert tooltap.api("/sessions")["sessions"][0]["input_tokens"] == 3
+
+
+def _record(i: int, messages: list) -> TurnRecord:
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    return TurnRecord(started_at=1_700_000_000 + i, method="POST", path="/chat/completions",
+                      upstream="http://up", request_headers=[], request_body=body, api="openai.chat",
+                      http_status=200, raw=b'{"choices": []}', raw_size=15,
+                      response_headers=[["content-type", "application/json"]])
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_writer_and_reader_on_each_backend(backend, tmp_path):
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'w.db'}"
+    else:
+        url = postgres_url()
+        if url is None:
+            pytest.skip("no Postgres here: set TOOLTAP_TEST_POSTGRES (.ci/run does)")
+        from sqlalchemy import create_engine, text
+
+        with create_engine(url).begin() as conn:  # a clean schema for this run
+            conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+    writer = Writer(url, spool_path=str(tmp_path / "spool"))
+    writer.start()
+    history = []
+    for i in range(6):
+        history = history + [{"role": "user", "content": f"step {i} ✓ \u2028 sep"}]
+        writer.submit(_record(i, history))
+        history = history + [{"role": "assistant", "content": f"done {i}"}]
+    writer.flush()
+    writer.close()
+    assert writer.written == 6 and writer.spooled == 0
+    reader = Reader(writer.engine)
+    sessions = reader.sessions()
+    assert len(sessions) == 1 and sessions[0]["turns"] == 6
+    turns = reader.session(sessions[0]["id"])["turns"]
+    assert [t["parent_id"] for t in turns] == [None] + [t["id"] for t in turns[:-1]]
+    last = reader.turn(turns[-1]["id"])
+    assert last["request"]["messages"] == history[:-1]
+    # Restarting migrates nothing and keeps everything.
+    again = Writer(url, spool_path=str(tmp_path / "spool"))
+    again.start()
+    again.close()
+    assert len(Reader(again.engine).turns()) == 6

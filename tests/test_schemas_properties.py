@@ -112,7 +112,9 @@ REWRITTEN = ("$ref", "allOf", "oneOf")
 def kept(key, value, out):
     """Did the Gemini node `out` keep keyword `key` with this value?"""
     if key == "type":
-        return not isinstance(value, list) and out.get("type") == TYPES.get(value)
+        if isinstance(value, list):  # a one-type list is that type
+            return len(value) == 1 and value[0] != "null" and out.get("type") == TYPES.get(value[0])
+        return out.get("type") == TYPES.get(value)
     if key == "enum":
         return out.get("enum") == value and all(isinstance(v, str) for v in value)
     if key == "format":

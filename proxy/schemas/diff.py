@@ -179,7 +179,8 @@ def compare_tools(old: ToolSpec, new: ToolSpec) -> list[dict]:
     out: list[dict] = []
     if old.description != new.description:
         out.append(_change("$.description", "description_changed", "tool description changed", False, old.description, new.description))
-    if old.meta.get("strict") != new.meta.get("strict"):
+    # absent and false mean the same (non-strict is every provider's default)
+    if bool(old.meta.get("strict")) != bool(new.meta.get("strict")):
         out.append(_change("$.strict", "strict_changed", f"strict {_fmt(old.meta.get('strict'))} -> {_fmt(new.meta.get('strict'))}",
                            False, old.meta.get("strict"), new.meta.get("strict")))
     out += compare_schemas(old.parameters, new.parameters, "$.parameters")

@@ -111,6 +111,8 @@ def from_document(doc: Any, source: str = "<document>") -> ToolSet:
         spec, _ = PARSERS[fmt](entry)
         tools.append(spec)
         formats.add(fmt)
+    if formats == {"gemini", "openai-function"}:
+        formats = {"gemini"}  # a declaration without upper-case types (e.g. no parameters)
     fmt = formats.pop() if len(formats) == 1 else ("mixed" if formats else "empty")
     return ToolSet(source, fmt, tools, skipped)
 
@@ -126,8 +128,10 @@ def from_file(path: str | Path) -> ToolSet:
     except json.JSONDecodeError as exc:
         try:
             doc = _from_jsonl(text)
-        except (json.JSONDecodeError, SourceError):
+        except json.JSONDecodeError:
             raise SourceError(f"{path}: not JSON ({exc})") from exc
+        except SourceError as jsonl_exc:
+            raise SourceError(f"{path}: {jsonl_exc}") from exc
     return from_document(doc, str(path))
 
 

@@ -61,4 +61,29 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level) ->
     )
 
 
+@main.command()
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True)
+def redecode(db_url) -> None:
+    """Decode every stored session again (after upgrading tooltap's decoders).
+
+    Safe while `tooltap serve` runs: each session is decoded and committed on its own."""
+    from sqlmodel import Session as DB, select
+
+    from .store.db import make_engine, migrate
+    from .store.decoding import BlobCache, decode_sessions
+    from .store.models import Session
+
+    engine = make_engine(db_url)
+    migrate(engine)
+    with DB(engine) as db:
+        ids = db.exec(select(Session.id).order_by(Session.started_at)).all()
+    cache = BlobCache()
+    with click.progressbar(ids, label="redecoding sessions") as bar:
+        for session_id in bar:
+            with DB(engine) as db:
+                decode_sessions(db, [session_id], cache)
+                db.commit()
+    click.echo(f"redecoded {len(ids)} session(s)")
+
+
 main.add_command(schemas)

@@ -202,3 +202,48 @@ def test_reserved_prefix_is_not_forwarded(tooltap, upstream):
     assert upstream.received == []
     r = httpx.get(f"{tooltap.url}/", headers={"accept": "text/html"})
     assert r.status_code == 307 and r.headers["location"] == "/_tooltap/"
+
+
+def test_cline_weather_decoded(tooltap, upstream):
+    """Issue 3's done-criterion, read back through the API."""
+    play_cline(tooltap, upstream)
+    session = tooltap.api("/sessions")["sessions"][0]
+    assert session["agent"] == "cline"
+    turns = [tooltap.api(f"/turns/{t['id']}") for t in tooltap.api(f"/sessions/{session['id']}")["turns"]]
+    calls = [t["tool_calls"][0] for t in turns[:3]]
+    mcp = calls[2]
+    assert (mcp["decoded"]["kind"], mcp["decoded"]["server"], mcp["decoded"]["tool"]) == ("mcp", "weather", "get_forecast")
+    assert [c["decoded"]["kind"] for c in calls[:2]] == ["builtin", "builtin"]
+    assert [(c["task_progress"]["done"], c["task_progress"]["total"]) for c in calls] == [(0, 4), (1, 4), (2, 4)]
+    for c in calls:
+        assert c["result"]["placeholder"] == "result missing"
+        assert c["result"]["source"] == "user_text_block" and c["result"]["text"]
+    assert calls[0]["result"]["text"].startswith(".python-version\n")
+    assert "Temperature: 68°F" in mcp["result"]["text"]
+    assert [v["path"] for v in mcp["violations"]] == ["$.task_progress"]
+    assert calls[0]["violations"] == [] and calls[1]["violations"] == []
+    assert turns[1]["decoding"]["environment"]["mode"] == "ACT"
+
+
+def test_redecode_gives_the_live_answer(tooltap, upstream):
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    play_cline(tooltap, upstream)
+    session_id = tooltap.api("/sessions")["sessions"][0]["id"]
+    live = [tooltap.api(f"/turns/{t['id']}") for t in tooltap.api(f"/sessions/{session_id}")["turns"]]
+    db = sqlite3.connect(tooltap.db_path)
+    db.execute("update tool_calls set decoded = null, task_progress = null, result = null, violations = null")
+    db.execute("update turns set decoding = null")
+    db.commit()
+    assert tooltap.api(f"/turns/{live[0]['id']}")["tool_calls"][0]["decoded"] is None
+
+    result = CliRunner().invoke(main, ["redecode", "--db", f"sqlite:///{tooltap.db_path}"])
+    assert result.exit_code == 0, result.output
+    assert "redecoded 1 session(s)" in result.output
+    again = [tooltap.api(f"/turns/{t['id']}") for t in live]
+    assert [t["tool_calls"] for t in again] == [t["tool_calls"] for t in live]
+    assert [t["decoding"] for t in again] == [t["decoding"] for t in live]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import func, text
 from sqlalchemy.engine import Engine
@@ -15,7 +15,7 @@ from . import content
 from .db import make_engine
 from .models import Blob, Session, ToolCallRow, Turn
 
-_CHAIN = text(
+CHAIN_QUERY = text(
     "WITH RECURSIVE c(hash, parent, message_hash, depth) AS ("
     " SELECT hash, parent, message_hash, depth FROM chain_nodes WHERE hash = :h"
     " UNION ALL SELECT n.hash, n.parent, n.message_hash, n.depth"
@@ -97,23 +97,8 @@ class Reader:
             t = db.get(Turn, turn_id)
             return None if t is None else (content.unpack(t.timeline) or [])
 
-    # -- the request, rebuilt from its skeleton, chain and blobs -----------------------
-
     def request(self, db: DB, t: Turn) -> Any:
-        if t.request_raw is not None:
-            return content.inflate(t.request_raw).decode("utf-8", "replace")
-        body = dict(t.request_skeleton) if isinstance(t.request_skeleton, dict) else t.request_skeleton
-        api = apis.by_name(t.api)
-        if not isinstance(body, dict) or api is None or t.chain_hash is None:
-            return body
-        hashes = [r[0] for r in db.exec(_CHAIN, params={"h": t.chain_hash})]
-        if t.system_hash is not None:
-            body[api.keys.system] = self.blob(db, t.system_hash)
-            hashes = hashes[1:]
-        body[api.keys.messages] = [self.blob(db, h) for h in hashes]
-        if t.tools_hash is not None:
-            body[api.keys.tools] = self.blob(db, t.tools_hash)
-        return body
+        return rebuild_request(db, t, lambda h: self.blob(db, h))
 
     def blob(self, db: DB, h: str) -> Any:
         row = db.get(Blob, h)
@@ -159,6 +144,25 @@ class Reader:
             ):
                 names.setdefault(turn_id, []).append(name)
         return names
+
+
+def rebuild_request(db: DB, t: Turn, blob: Callable[[str], Any]) -> Any:
+    """The request body as sent: its skeleton, with messages (walked up the chain),
+    tools and system prompt put back from their blobs."""
+    if t.request_raw is not None:
+        return content.inflate(t.request_raw).decode("utf-8", "replace")
+    body = dict(t.request_skeleton) if isinstance(t.request_skeleton, dict) else t.request_skeleton
+    api = apis.by_name(t.api)
+    if not isinstance(body, dict) or api is None or t.chain_hash is None:
+        return body
+    hashes = [r[0] for r in db.exec(CHAIN_QUERY, params={"h": t.chain_hash})]
+    if t.system_hash is not None:
+        body[api.keys.system] = blob(t.system_hash)
+        hashes = hashes[1:]
+    body[api.keys.messages] = [blob(h) for h in hashes]
+    if t.tools_hash is not None:
+        body[api.keys.tools] = blob(t.tools_hash)
+    return body
 
 
 def session_json(s: Session) -> dict:

@@ -19,6 +19,7 @@ from sqlmodel import Session as DB
 
 from ..capture import TurnRecord
 from .db import make_engine, migrate
+from .decoding import BlobCache, decode_sessions
 from .ingest import Ingestor
 from .spool import Spool
 
@@ -41,7 +42,7 @@ class Writer:
         self._last_retry = 0.0
         self.written = 0  # turns committed, for tests and stats
         self.spooled = 0
-        self.after_commit: list[Callable[[DB, list], None]] = []  # e.g. the agent decoders
+        self._blobs = BlobCache()
 
     def start(self) -> None:
         migrate(self.engine)
@@ -115,8 +116,7 @@ class Writer:
         try:
             with DB(self.engine) as db:
                 turns = [self._ingestor.add(db, r) for r in records]
-                for hook in self.after_commit:
-                    hook(db, turns)
+                decode_sessions(db, {t.session_id for t in turns}, self._blobs)
                 db.commit()
         except (DBAPIError, OSError) as exc:
             self._ingestor = Ingestor(self.engine.dialect.name)  # forget the rolled-back hashes

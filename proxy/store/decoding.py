@@ -1,0 +1,92 @@
+"""Run the agent decoders over stored sessions and keep their answers on the rows.
+
+Decoding is a pure function of a session's stored turns (proxy.agents.decode_session), so
+the writer runs it after each batch for the sessions the batch touched, and
+`tooltap redecode` runs it again over everything when decoders improve. A result can
+change when a later turn arrives (it carries the earlier turn's tool results), which is
+why a whole session is decoded each time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Iterable
+
+from sqlmodel import Session as DB, select
+
+from ..agents import CallInput, TurnInput, decode_session
+from . import content
+from .models import Blob, Session, ToolCallRow, Turn
+from .read import rebuild_request
+
+log = logging.getLogger("tooltap.store")
+
+
+class BlobCache:
+    """Unpacked blobs by hash: a session's turns share almost all their messages."""
+
+    def __init__(self, size: int = 20_000):
+        self.size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, db: DB, h: str) -> Any:
+        if h in self._items:
+            self._items.move_to_end(h)
+            return self._items[h]
+        row = db.get(Blob, h)
+        value = None if row is None else content.unpack(row.data)
+        self._items[h] = value
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return value
+
+
+def decode_sessions(db: DB, session_ids: Iterable[str], cache: BlobCache) -> None:
+    for session_id in sorted(set(session_ids)):
+        try:
+            _decode_one(db, session_id, cache)
+        except Exception:  # decoding must never cost a turn: the rows stay as captured
+            log.exception("decoding session %s failed", session_id)
+
+
+def _decode_one(db: DB, session_id: str, cache: BlobCache) -> None:
+    turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
+    ids = [t.id for t in turns]
+    calls: dict[int, list[ToolCallRow]] = {}
+    for row in db.exec(select(ToolCallRow).where(ToolCallRow.turn_id.in_(ids)).order_by(ToolCallRow.index)):
+        calls.setdefault(row.turn_id, []).append(row)
+
+    inputs = []
+    for t in turns:
+        request = rebuild_request(db, t, lambda h: cache.get(db, h))
+        inputs.append(TurnInput(
+            id=t.id, parent_id=t.parent_id, api=t.api,
+            request=request if isinstance(request, dict) else None,
+            response=content.unpack(t.response),
+            tool_calls=[CallInput(c.index, c.call_id, c.name, c.arguments_raw, c.arguments, c.arguments_error)
+                        for c in calls.get(t.id, [])],
+        ))
+    decoding = decode_session(inputs)
+
+    agents = []
+    for t in turns:
+        turn_out = decoding.turns.get(t.id)
+        if turn_out != t.decoding:
+            t.decoding = turn_out
+            db.add(t)
+        if turn_out:
+            agents.append(turn_out.get("agent"))
+        for c in calls.get(t.id, []):
+            out = decoding.calls.get((t.id, c.index))
+            if out is None:
+                continue
+            new = (out.get("decoded"), out.get("task_progress"), out.get("result"), out.get("violations"))
+            if new != (c.decoded, c.task_progress, c.result, c.violations):
+                c.decoded, c.task_progress, c.result, c.violations = new
+                db.add(c)
+    session = db.get(Session, session_id)
+    agent = next((a for a in agents if a and a != "generic"), agents[0] if agents else None)
+    if session is not None and session.agent != agent:
+        session.agent = agent
+        db.add(session)

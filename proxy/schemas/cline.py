@@ -81,7 +81,7 @@ def _openai_param(param: dict, path: str, losses: list[Loss], prop: dict) -> dic
     elif "properties" in prop:
         losses.append(Loss(join(path, "properties"), "properties kept only for type \"object\""))
     for key, value in param.items():
-        if key not in RESERVED and value is not None:
+        if key not in RESERVED:  # JSON has no `undefined`: Cline copies nulls too
             out[key] = value
     if isinstance(prop.get("required"), list):
         losses.append(Loss(join(path, "required"), "a nested object's required list is not sent (and marks the parameter itself required)"))

@@ -9,6 +9,7 @@ import httpx
 
 from .config import RESERVED_PREFIX, Settings
 from .forward import Forwarder, UpstreamAborted
+from .live import LiveHub
 from .store.writer import Writer
 
 log = logging.getLogger("tooltap")
@@ -22,7 +23,8 @@ class TooltapApp:
         from inspector_ui import create_inspector
 
         self.settings = settings
-        self.writer = writer or Writer(settings.db_url, spool_path=settings.spool_file())
+        self.live = LiveHub()
+        self.writer = writer or Writer(settings.db_url, spool_path=settings.spool_file(), live=self.live)
         self.client: httpx.AsyncClient | None = None
         self.forwarder: Forwarder | None = None
         self.inspector = create_inspector(self, lifespan=self._lifespan)
@@ -39,7 +41,7 @@ class TooltapApp:
             follow_redirects=False,
             trust_env=False,
         )
-        self.forwarder = Forwarder(self.settings, self.client, self.writer.submit)
+        self.forwarder = Forwarder(self.settings, self.client, self.writer.submit, self.live)
         try:
             yield
         finally:

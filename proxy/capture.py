@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import apis
+from .live import GROW_SECONDS, LiveHub
 from .sse import SSEDecoder
 
 RAW_IN_MEMORY = 2 * 1024 * 1024
@@ -49,6 +50,7 @@ class TurnRecord:
     response: dict[str, Any] | None = None  # assembled from the stream; None: parse `raw` later
     stream_error: dict[str, Any] | None = None
     unparsed_events: int = 0
+    live_id: str | None = None  # names the turn in live events until it has a database id
 
     def iter_raw(self, size: int = 1 << 20):
         if isinstance(self.raw, bytes):
@@ -99,9 +101,11 @@ def decompress(data: bytes, encoding: str | None) -> bytes:
 
 
 class Capture:
-    def __init__(self, record: TurnRecord, api: apis.WireAPI | None) -> None:
+    def __init__(self, record: TurnRecord, api: apis.WireAPI | None, live: LiveHub | None = None) -> None:
         self.record = record
         self.api = api
+        self.live = live
+        self._last_live = 0.0
         self._t0 = time.perf_counter()
         self._raw = tempfile.SpooledTemporaryFile(max_size=RAW_IN_MEMORY)
         self._sha = hashlib.sha256()
@@ -127,6 +131,11 @@ class Capture:
                 self._assembler = self.api.new_assembler()
             except Exception as exc:  # an unknown encoding: keep the raw bytes, skip assembly
                 rec.error = f"capture: {exc}"
+        if self.live is not None and self.live.watched:
+            rec.live_id = self.live.new_id()
+            self.live.publish({"type": "turn_started", "live_id": rec.live_id, "path": rec.path,
+                               "api": rec.api, "method": rec.method, "http_status": status,
+                               "stream": rec.stream})
 
     def feed(self, chunk: bytes) -> None:
         rec = self.record
@@ -144,6 +153,18 @@ class Capture:
                     self._assembler.feed(event)
             except Exception as exc:  # capture must never break the stream
                 self._fail(exc)
+            else:
+                if rec.live_id is not None and self.live.watched:
+                    self._publish_growth()
+
+    def _publish_growth(self) -> None:
+        now = time.perf_counter()
+        if now - self._last_live < GROW_SECONDS:
+            return
+        self._last_live = now
+        text = self.api.text(self._assembler.result())
+        self.live.publish({"type": "turn_growing", "live_id": self.record.live_id, "text": text,
+                           "bytes": self._size})
 
     def _fail(self, exc: Exception) -> None:
         self.record.error = f"capture: {type(exc).__name__}: {exc}"
@@ -175,4 +196,6 @@ class Capture:
         rec.raw = self._raw  # the writer streams it into the database, then releases it
         rec.raw_size = self._size
         rec.raw_sha256 = self._sha.hexdigest()
+        if rec.live_id is not None:
+            self.live.publish({"type": "turn_finished", "live_id": rec.live_id, "status": rec.status})
         return rec

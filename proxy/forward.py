@@ -19,6 +19,7 @@ import httpx
 from . import apis
 from .capture import Capture, TurnRecord
 from .config import Settings
+from .live import LiveHub
 from .secrets import redact_headers, redact_query, redact_url
 
 log = logging.getLogger("tooltap")
@@ -48,10 +49,12 @@ def _proxy_error_body(cause: str) -> bytes:
 
 
 class Forwarder:
-    def __init__(self, settings: Settings, client: httpx.AsyncClient, sink: Callable[[TurnRecord], None]):
+    def __init__(self, settings: Settings, client: httpx.AsyncClient, sink: Callable[[TurnRecord], None],
+                 live: LiveHub | None = None):
         self.settings = settings
         self.client = client
         self.sink = sink  # must not block: the store's queue.put_nowait
+        self.live = live
 
     async def __call__(self, scope, receive, send) -> None:
         path = scope["path"]
@@ -82,6 +85,7 @@ class Forwarder:
                 api=api.name if api else "other",
             ),
             api,
+            self.live,
         )
 
         url = upstream.url + upstream_path + ("?" + query if query else "")

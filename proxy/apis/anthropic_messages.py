@@ -179,5 +179,8 @@ class AnthropicMessages:
     def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
         return (response or {}).get("model") or request.get("model")
 
+    def text(self, response: dict[str, Any]) -> str:
+        return "".join(b.get("text", "") for b in response.get("content") or [] if b.get("type") == "text")
+
 
 API = register(AnthropicMessages())

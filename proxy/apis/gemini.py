@@ -145,5 +145,10 @@ class Gemini:
         # The model is named in the URL, not the body; the response reports its version.
         return (response or {}).get("modelVersion") or request.get("model")
 
+    def text(self, response: dict[str, Any]) -> str:
+        candidates = response.get("candidates") or [{}]
+        parts = (candidates[0].get("content") or {}).get("parts") or []
+        return "".join(p.get("text", "") for p in parts if not p.get("thought"))
+
 
 API = register(Gemini())

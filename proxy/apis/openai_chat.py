@@ -310,5 +310,9 @@ class OpenAIChat:
     def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
         return (response or {}).get("model") or request.get("model")
 
+    def text(self, response: dict[str, Any]) -> str:
+        choices = response.get("choices") or [{}]
+        return (choices[0].get("message") or {}).get("content") or ""
+
 
 API = register(OpenAIChat())

@@ -220,5 +220,12 @@ class OpenAIResponses:
     def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
         return (response or {}).get("model") or request.get("model")
 
+    def text(self, response: dict[str, Any]) -> str:
+        return "".join(
+            part.get("text", "")
+            for item in response.get("output") or [] if item.get("type") == "message"
+            for part in item.get("content") or [] if part.get("type") == "output_text"
+        )
+
 
 API = register(OpenAIResponses())

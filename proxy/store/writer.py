@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session as DB
 
 from ..capture import TurnRecord
+from ..live import LiveHub
 from .db import make_engine, migrate
 from .decoding import BlobCache, decode_sessions
 from .ingest import Ingestor
@@ -32,7 +33,8 @@ _STOP = object()
 
 
 class Writer:
-    def __init__(self, db_url: str, spool_path: str, *, busy_timeout: float = 2.0):
+    def __init__(self, db_url: str, spool_path: str, *, busy_timeout: float = 2.0,
+                 live: LiveHub | None = None):
         self.db_url = db_url
         self.engine = make_engine(db_url, busy_timeout=busy_timeout)
         self.spool = Spool(spool_path)
@@ -43,6 +45,7 @@ class Writer:
         self.written = 0  # turns committed, for tests and stats
         self.spooled = 0
         self._blobs = BlobCache()
+        self.live = live
 
     def start(self) -> None:
         migrate(self.engine)
@@ -118,6 +121,8 @@ class Writer:
                 turns = [self._ingestor.add(db, r) for r in records]
                 decode_sessions(db, {t.session_id for t in turns}, self._blobs)
                 db.commit()
+                stored = [{"type": "turn_stored", "turn_id": t.id, "session_id": t.session_id,
+                           "live_id": r.live_id} for t, r in zip(turns, records)]
         except (DBAPIError, OSError) as exc:
             self._ingestor = Ingestor(self.engine.dialect.name)  # forget the rolled-back hashes
             log.warning("database unavailable (%s: %s); %d turn(s) spooled to %s",
@@ -134,6 +139,9 @@ class Writer:
         self.written += len(records)
         for r in records:
             r.release()
+        if self.live is not None:
+            for event in stored:
+                self.live.publish_threadsafe(event)
         return True
 
     def _spool(self, records: list[TurnRecord], put: Callable[[list[TurnRecord]], None]) -> None:

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from .config import DEFAULT_DB, Settings, Upstream, upstreams_from_env
+from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
 from .schemas.cli import schemas
 
 
@@ -38,7 +38,8 @@ def _upstream(ctx, param, values):
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--read-timeout", default=600.0, show_default=True, type=float,
               help="Seconds to wait for each upstream read; slow models think before they speak.")
-@click.option("--spool", "spool_path", default=None, help="Where turns wait when the database is down.")
+@click.option("--spool", "spool_path", envvar="TOOLTAP_SPOOL", default=None,
+              help="File where turns wait while the database is down (default: beside the SQLite file).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level) -> None:
@@ -48,7 +49,8 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level) ->
     from .app import TooltapApp
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(upstreams=upstreams, db_url=db_url, read_timeout=read_timeout, spool_path=spool_path)
+    settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
+                        spool_path=spool_path)
     app = TooltapApp(settings)
     for up in upstreams:
         click.echo(f"tooltap: http://{host}:{port}{up.prefix or '/'} -> {up.url}")

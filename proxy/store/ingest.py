@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
@@ -81,7 +82,8 @@ class Ingestor:
         hashes: list[str] = []
         roles: list[str | None] = []
         if request is not None:
-            turn.model = (api.model(request, response) if api else None) or request.get("model")
+            turn.model = ((api.model(request, response) if api else None) or request.get("model")
+                          or _model_in_path(rec.path))
             hashes, roles = self._split_request(db, turn, request, api)
         chain = content.chain(hashes)
         turn.chain_hash = chain[-1] if chain else None
@@ -173,6 +175,15 @@ class Ingestor:
         if not session.title:
             session.title = first_user_text(request)
         db.add(session)
+
+
+_MODEL_IN_PATH = re.compile(r"/models/([^/:?]+)")
+
+
+def _model_in_path(path: str) -> str | None:
+    """Gemini names the model in the URL (`/v1beta/models/gemini-2.5-pro:generateContent`)."""
+    m = _MODEL_IN_PATH.search(path)
+    return m.group(1) if m else None
 
 
 def _int(d: dict, *keys: str) -> int:

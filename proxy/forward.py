@@ -25,10 +25,13 @@ from .secrets import redact_headers, redact_query, redact_url
 log = logging.getLogger("tooltap")
 
 HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
-     "te", "trailer", "trailers", "transfer-encoding", "upgrade"}
+    {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
+     b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade",
+     b"expect"}  # 100-continue is between the agent and us; httpx sends the body at once
 )
-SESSION_HEADER = "x-tooltap-session"
+SESSION_HEADER = b"x-tooltap-session"
+
+Headers = list[tuple[bytes, bytes]]
 
 
 class UpstreamAborted(Exception):
@@ -36,10 +39,16 @@ class UpstreamAborted(Exception):
     and the client sees the same abrupt end the upstream gave us."""
 
 
-def _strip(headers: list[tuple[str, str]], also: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    named = {n.strip().lower() for k, v in headers if k.lower() == "connection" for n in v.split(",")}
+def _strip(headers: Headers, also: frozenset[bytes] = frozenset()) -> Headers:
+    """Headers as bytes, exactly as they came, less hop-by-hop ones (and those that
+    `Connection` names)."""
+    named = {n.strip().lower() for k, v in headers if k.lower() == b"connection" for n in v.split(b",")}
     drop = HOP_BY_HOP | named | also
     return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+def _text(headers: Headers) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
 
 def _proxy_error_body(cause: str) -> bytes:
@@ -55,8 +64,16 @@ class Forwarder:
         self.client = client
         self.sink = sink  # must not block: the store's queue.put_nowait
         self.live = live
+        self.in_flight = 0  # requests between arrival and their turn being queued for the store
 
     async def __call__(self, scope, receive, send) -> None:
+        self.in_flight += 1
+        try:
+            await self._forward(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _forward(self, scope, receive, send) -> None:
         path = scope["path"]
         route = self.settings.resolve(path)
         if route is None:
@@ -67,9 +84,8 @@ class Forwarder:
         started_at = time.time()
         body = await _read_body(receive)
 
-        raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        session_hint = next((v for k, v in raw_headers if k.lower() == SESSION_HEADER), None)
-        headers = _strip(raw_headers, frozenset({"host", SESSION_HEADER}))
+        session_hint = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == SESSION_HEADER), None)
+        headers = _strip(scope["headers"], frozenset({b"host", SESSION_HEADER}))
         query = scope.get("query_string", b"").decode("latin-1")
         method = scope["method"]
         api = apis.detect(method, upstream_path)
@@ -79,7 +95,7 @@ class Forwarder:
                 method=method,
                 path=path + ("?" + redact_query(query) if query else ""),
                 upstream=redact_url(upstream.url),
-                request_headers=redact_headers(headers),
+                request_headers=redact_headers(_text(headers)),
                 request_body=body,
                 session_hint=session_hint,
                 api=api.name if api else "other",
@@ -88,7 +104,10 @@ class Forwarder:
             self.live,
         )
 
-        url = upstream.url + upstream_path + ("?" + query if query else "")
+        # The path as the agent encoded it (scope["path"] is percent-decoded).
+        raw_path = scope.get("raw_path") or path.encode()
+        upstream_raw = raw_path[len(upstream.prefix):].decode("latin-1") or "/"
+        url = upstream.url + upstream_raw + ("?" + query if query else "")
         # A bare Request, not client.build_request: the client's default headers
         # (User-Agent, Accept-Encoding...) must not be added to what the agent sent.
         request = httpx.Request(method, url, headers=headers, content=body)
@@ -105,18 +124,14 @@ class Forwarder:
 
         status, error = None, None
         try:
-            resp_headers = _strip(list(response.headers.multi_items()))
+            resp_headers = _strip(response.headers.raw)
             capture.response_started(
                 response.status_code,
-                redact_headers(resp_headers),
+                redact_headers(_text(resp_headers)),
                 response.headers.get("content-type", ""),
                 response.headers.get("content-encoding"),
             )
-            await send({
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp_headers],
-            })
+            await send({"type": "http.response.start", "status": response.status_code, "headers": resp_headers})
             status, error = await _pump(response, capture, receive, send)
         except asyncio.CancelledError:  # server shutting down mid-stream
             status, error = "proxy_error", "tooltap shut down during the response"

@@ -45,8 +45,9 @@ class Received:
     method: str
     path: str
     query: str
-    headers: list[tuple[str, str]]
+    headers: list[tuple[str, str]]  # names lower-cased, bytes as latin-1
     body: bytes
+    raw_path: bytes = b""
 
     def header(self, name: str) -> str | None:
         return next((v for k, v in self.headers if k == name.lower()), None)
@@ -82,11 +83,12 @@ class ScriptedUpstream:
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        req = Received(scope["method"], scope["path"], scope["query_string"].decode(),
-                       [(k.decode().lower(), v.decode()) for k, v in scope["headers"]], body)
+        req = Received(scope["method"], scope["path"], scope["query_string"].decode("latin-1"),
+                       [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]],
+                       body, scope.get("raw_path") or b"")
         self.received.append(req)
         reply = self._reply(req)
-        headers = [(k.encode(), v.encode()) for k, v in reply.headers]
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         self.finished.append(False)
         n = len(self.finished) - 1

@@ -68,6 +68,10 @@ class Tooltap:
         return self.server.url
 
     def flush(self) -> None:
+        """Wait for requests still passing through, then for the writer."""
+        deadline = time.monotonic() + 10
+        while self.app.forwarder.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.app.writer.flush()
 
     def api(self, path: str):

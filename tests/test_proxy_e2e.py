@@ -247,3 +247,15 @@ def test_redecode_gives_the_live_answer(tooltap, upstream):
     again = [tooltap.api(f"/turns/{t['id']}") for t in live]
     assert [t["tool_calls"] for t in again] == [t["tool_calls"] for t in live]
     assert [t["decoding"] for t in again] == [t["decoding"] for t in live]
+
+
+def test_path_encoding_and_odd_header_bytes_pass_through(tooltap, upstream):
+    upstream.routes["/v1/files/a/b c"] = Reply(200, [("content-type", "text/plain"), ("x-odd", "café")],
+                                               [b"fine"])
+    with httpx.Client() as client:
+        r = client.get(f"{tooltap.url}/v1/files/a%2Fb%20c",
+                       headers=[(b"x-latin", "caf\u00e9".encode("latin-1"))])
+    got = upstream.received[-1]
+    assert r.content == b"fine" and (b"x-odd", "café".encode("latin-1")) in r.headers.raw
+    assert got.raw_path == b"/v1/files/a%2Fb%20c"  # as the agent encoded it, not re-encoded
+    assert got.header("x-latin") == "café"  # the byte 0xE9 arrived as sent

@@ -1,17 +1,102 @@
-"""Server-rendered pages."""
+"""Server-rendered pages. Jinja2 autoescapes every template (see `templates`); captured
+text is never marked safe."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from urllib.parse import urlencode
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from . import transcript
+from .curl import as_curl
+from .queries import Filters
+from .rawview import raw_view
 
 router = APIRouter()
-templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+_env = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
+                   autoescape=select_autoescape(default=True, default_for_string=True))
+templates = Jinja2Templates(env=_env)
+_env.filters["pretty"] = transcript.pretty
+_env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")
+_env.globals["urlencode"] = urlencode
+
+
+def _reader(request: Request):
+    return request.app.state.reader
+
+
+def _queries(request: Request):
+    return request.app.state.queries
 
 
 @router.get("/")
-def index(request: Request):
-    turns = request.app.state.reader.turns(limit=100)
-    return templates.TemplateResponse(request, "index.html", {"turns": turns})
+def sessions(request: Request, q: str = "", model: str = "", tool: str = "", server: str = "",
+             status: str = "", since: str = "", until: str = "", after: str = ""):
+    f = Filters(q=q.strip(), model=model, tool=tool, server=server, status=status, since=since, until=until)
+    page = _queries(request).sessions_page(f, cursor=after or None)
+    return templates.TemplateResponse(request, "sessions.html", {
+        "page": page, "filters": f, "facets": _queries(request).facets(),
+        "total": _queries(request).session_count(), "after": after,
+    })
+
+
+@router.get("/sessions/{session_id}")
+def session(request: Request, session_id: str):
+    view = transcript.session_view(_reader(request), session_id)
+    if view is None:
+        raise HTTPException(404, f"no session {session_id}")
+    return templates.TemplateResponse(request, "session.html", {"s": view})
+
+
+@router.get("/sessions/{session_id}/tools")
+def tools(request: Request, session_id: str):
+    found = _queries(request).session_tools(session_id)
+    s = _queries(request).session_summary(session_id)
+    if found is None or s is None:
+        raise HTTPException(404, f"no session {session_id}")
+    return templates.TemplateResponse(request, "tools.html", {"s": s, "tools": found})
+
+
+@router.get("/turns/{turn_id}")
+def turn(request: Request, turn_id: int):
+    t = _reader(request).turn(turn_id)
+    if t is None:
+        raise HTTPException(404, f"no turn {turn_id}")
+    body, _ctype, _enc = _reader(request).raw(turn_id)
+    timeline = _reader(request).timeline(turn_id) or []
+    return templates.TemplateResponse(request, "turn.html", {
+        "t": t, "curl": as_curl(t), "raw": raw_view(body, timeline, t.get("duration_ms")),
+        "calls": [transcript.call_view(c) for c in t["tool_calls"]],
+    })
+
+
+@router.get("/turns/{turn_id}/download")
+def download(request: Request, turn_id: int):
+    t = _reader(request).turn(turn_id)
+    if t is None:
+        raise HTTPException(404, f"no turn {turn_id}")
+    return Response(json.dumps(t, indent=2, ensure_ascii=False), media_type="application/json",
+                    headers={"content-disposition": f'attachment; filename="tooltap-turn-{turn_id}.json"'})
+
+
+# -- fragments for live updates: the same templates, fetched by static/live.js ---------------
+
+@router.get("/fragments/session-row/{session_id}")
+def session_row(request: Request, session_id: str):
+    s = _queries(request).session_summary(session_id)
+    if s is None:
+        raise HTTPException(404, f"no session {session_id}")
+    return templates.TemplateResponse(request, "_session_row.html", {"s": s, "matched": None})
+
+
+@router.get("/fragments/turn/{turn_id}")
+def turn_fragment(request: Request, turn_id: int):
+    v = transcript.one_turn_view(_reader(request), turn_id)
+    if v is None:
+        raise HTTPException(404, f"no turn {turn_id}")
+    return templates.TemplateResponse(request, "_turn.html", {"v": v})

@@ -1,0 +1,45 @@
+"""A turn's request as a curl command, credentials left as placeholders.
+
+The stored headers hold fingerprints, never keys, so the command says `$API_KEY` where
+the key goes; hop-by-hop and transport headers are left to curl.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from proxy.secrets import SECRET_HEADERS, _SECRET_PARAM
+
+SKIP = {"host", "content-length", "accept-encoding", "connection", "transfer-encoding", "cookie",
+        "x-tooltap-token", "x-tooltap-session"}
+
+
+def as_curl(turn: dict[str, Any]) -> str:
+    path = turn.get("path") or "/"
+    base, sep, query = path.partition("?")
+    if sep:
+        query = _SECRET_PARAM.sub(lambda m: m.group(1) + "$API_KEY", query)
+        path = f"{base}?{query}"
+    url = (turn.get("upstream") or "") + path
+    lines = [f"curl -sS -X {turn.get('method') or 'POST'} {_quote_url(url)}"]
+    for name, value in turn.get("request_headers") or []:
+        low = name.lower()
+        if low in SKIP:
+            continue
+        if low in SECRET_HEADERS:
+            scheme = value.split(" ", 1)[0] if " " in value else ""
+            value = f"{scheme} $API_KEY" if scheme else "$API_KEY"
+            lines.append(f'-H "{name}: {value}"')  # double quotes: the shell fills in $API_KEY
+        else:
+            lines.append(f"-H {shlex.quote(f'{name}: {value}')}")
+    body = turn.get("request")
+    if body is not None:
+        text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+        lines.append(f"--data-binary @- <<'TOOLTAP_EOF'\n{text}\nTOOLTAP_EOF")
+    return " \\\n  ".join(lines)
+
+
+def _quote_url(url: str) -> str:
+    return f'"{url}"' if "$API_KEY" in url else shlex.quote(url)

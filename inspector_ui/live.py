@@ -1,0 +1,38 @@
+"""`GET /_tooltap/api/live`: the LiveHub's events as server-sent events.
+
+Event names are the hub's (`turn_started`, `turn_growing`, `turn_finished`,
+`turn_stored`), data is the event as JSON. The page scripts decide what to draw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, Request
+from sse_starlette.sse import EventSourceResponse
+
+router = APIRouter()
+
+
+@router.get("/live")
+async def live(request: Request):
+    hub = request.app.state.tooltap.live
+    queue = hub.subscribe()
+
+    async def events():
+        try:
+            yield {"event": "hello", "data": "{}"}  # lets a page know it is connected
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    continue
+                kind = event.get("type") or event.get("event") or "message"
+                yield {"event": kind, "data": json.dumps(event, ensure_ascii=False)}
+        finally:
+            hub.unsubscribe(queue)
+
+    return EventSourceResponse(events(), ping=15, headers={"cache-control": "no-store"})

@@ -1,0 +1,128 @@
+// Live updates over server-sent events (/_tooltap/api/live).
+//
+// Streaming turns are drawn with createElement/textContent only. When a turn is stored,
+// its row or card is fetched from the server, rendered by the same autoescaped templates
+// as a full page load, and parsed with DOMParser (which never runs scripts; the page's
+// Content-Security-Policy forbids inline script anyway).
+"use strict";
+
+(function () {
+  const page = document.body.dataset.page;
+  if (page !== "sessions" && page !== "session") return;
+  const sessionId = document.body.dataset.session || null;
+  const flying = new Map(); // live_id -> element
+  const dot = document.getElementById("live-status");
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function parse(html, wrap) {
+    const doc = new DOMParser().parseFromString(wrap ? "<table><tbody>" + html + "</tbody></table>" : html, "text/html");
+    const found = doc.body.querySelector(wrap ? "tr" : "article");
+    return found ? document.adoptNode(found) : null;
+  }
+
+  function container() {
+    return document.getElementById(page === "sessions" ? "live-turns" : "in-flight");
+  }
+
+  function started(ev) {
+    const box = el("div", "live-turn");
+    box.dataset.liveId = ev.live_id;
+    box.dataset.testid = "live-turn";
+    const head = el("div", "live-head");
+    head.append(el("span", "pulse", "●"), el("b", null, " streaming "),
+      el("code", null, ev.method + " " + ev.path), el("span", "muted", " " + ev.api + " · HTTP " + ev.http_status));
+    const status = el("span", "live-state", "");
+    head.append(status);
+    const text = el("pre", "live-text", "");
+    box.append(head, text);
+    box._status = status;
+    box._text = text;
+    container().append(box);
+    flying.set(ev.live_id, box);
+  }
+
+  function growing(ev) {
+    const box = flying.get(ev.live_id);
+    if (!box) return;
+    box._text.textContent = ev.text;
+    box._status.textContent = " · " + ev.bytes + " bytes";
+  }
+
+  function finished(ev) {
+    const box = flying.get(ev.live_id);
+    if (box) box._status.textContent = " · " + ev.status + ", storing…";
+  }
+
+  async function stored(ev) {
+    const box = flying.get(ev.live_id);
+    flying.delete(ev.live_id);
+    try {
+      if (page === "sessions") await storedOnList(ev);
+      else if (ev.session_id === sessionId) await storedOnSession(ev);
+    } finally {
+      if (box) box.remove();
+    }
+  }
+
+  async function fetchText(url) {
+    const r = await fetch(url, { credentials: "same-origin" });
+    return r.ok ? r.text() : null;
+  }
+
+  async function storedOnList(ev) {
+    const tbody = document.getElementById("session-rows");
+    const existing = tbody.querySelector('tr[data-session="' + CSS.escape(ev.session_id) + '"]');
+    // A filtered or older page would be wrong to reorder: only say there is news.
+    if (window.location.search && !existing) return notice();
+    const html = await fetchText("/_tooltap/fragments/session-row/" + encodeURIComponent(ev.session_id));
+    const row = html && parse(html, true);
+    if (!row) return;
+    row.classList.add("fresh");
+    if (existing) existing.remove();
+    const empty = tbody.querySelector("tr.empty");
+    if (empty) empty.remove();
+    tbody.prepend(row);
+  }
+
+  async function storedOnSession(ev) {
+    const html = await fetchText("/_tooltap/fragments/turn/" + encodeURIComponent(ev.turn_id));
+    const card = html && parse(html, false);
+    if (!card) return;
+    card.classList.add("fresh");
+    const existing = document.getElementById("turn-" + ev.turn_id);
+    if (existing) existing.replaceWith(card);
+    else document.getElementById("turns").append(card);
+  }
+
+  function notice() {
+    if (document.getElementById("news")) return;
+    const n = el("p", "note", "New activity. ");
+    n.id = "news";
+    const a = el("a", null, "Reload");
+    a.href = window.location.href;
+    n.append(a);
+    container().before(n);
+  }
+
+  function handler(fn) {
+    return (msg) => {
+      let ev;
+      try { ev = JSON.parse(msg.data); } catch (_) { return; }
+      fn(ev);
+    };
+  }
+
+  const source = new EventSource("/_tooltap/api/live");
+  source.addEventListener("hello", () => { dot.classList.add("on"); document.body.dataset.live = "on"; });
+  source.addEventListener("turn_started", handler(started));
+  source.addEventListener("turn_growing", handler(growing));
+  source.addEventListener("turn_finished", handler(finished));
+  source.addEventListener("turn_stored", handler(stored));
+  source.onerror = () => { dot.classList.remove("on"); document.body.dataset.live = "off"; };
+})();

@@ -1,0 +1,268 @@
+"""The session page's model: each turn as the agent lived it.
+
+A turn's request resends the whole history, so the page shows only what is new in it:
+the messages after its parent turn's (minus the assistant reply the parent already
+shows), split into task, tool results, environment details and reminders. The system
+prompt is shown once and marked again only where it changes. Message lists come from the
+chain (one recursive query per turn), blobs are read once per page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from sqlmodel import Session as DB, select
+
+from proxy import apis
+from proxy.agents import transcript
+from proxy.store.models import ToolCallRow, Turn
+from proxy.store.read import CHAIN_QUERY, Reader, session_json, tool_call_json, turn_summary
+
+RESULT_HEADER = re.compile(r"^\[([^\s\]]+)(?: for '(.*?)')?\] Result:", re.S)
+
+
+def session_view(reader: Reader, session_id: str) -> dict | None:
+    from proxy.store.models import Session
+
+    with DB(reader.engine) as db:
+        s = db.get(Session, session_id)
+        if s is None:
+            return None
+        turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
+        calls = _calls(db, [t.id for t in turns])
+        blobs: dict[str, Any] = {}
+        by_id = {t.id: t for t in turns}
+        children: dict[int | None, list[int]] = {}
+        views, last_system = [], None
+        for t in turns:
+            children.setdefault(t.parent_id, []).append(t.id)
+            v = turn_view(db, reader, t, calls.get(t.id, []), by_id.get(t.parent_id), blobs)
+            sys_hash = v["system"]["hash"] if v["system"] else None
+            if v["system"]:
+                v["system"]["first"] = last_system is None
+                v["system"]["changed"] = last_system is not None and sys_hash != last_system
+                v["system"]["show"] = v["system"]["first"] or v["system"]["changed"]
+                last_system = sys_hash
+            siblings = children[t.parent_id]
+            v["branch"] = _branch(t, siblings, turns)
+            views.append(v)
+        return {**session_json(s), "turn_views": views, "chart": chart(views)}
+
+
+def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
+    """A single turn as the session page draws it (for live updates)."""
+    with DB(reader.engine) as db:
+        t = db.get(Turn, turn_id)
+        if t is None:
+            return None
+        parent = db.get(Turn, t.parent_id) if t.parent_id else None
+        v = turn_view(db, reader, t, _calls(db, [t.id]).get(t.id, []), parent, {})
+        if v["system"]:
+            prev = parent and _chain(db, parent)[:1]
+            v["system"]["changed"] = bool(prev) and prev[0] != v["system"]["hash"]
+            v["system"]["first"] = parent is None
+            v["system"]["show"] = v["system"]["first"] or v["system"]["changed"]
+        siblings = db.exec(select(Turn.id).where(Turn.parent_id == t.parent_id, Turn.session_id == t.session_id)
+                           .order_by(Turn.id)).all()
+        v["branch"] = _branch(t, list(siblings), None)
+        return v
+
+
+def _calls(db: DB, ids: list[int]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    if ids:
+        for c in db.exec(select(ToolCallRow).where(ToolCallRow.turn_id.in_(ids))
+                         .order_by(ToolCallRow.turn_id, ToolCallRow.index)):
+            out.setdefault(c.turn_id, []).append(call_view(tool_call_json(c)))
+    return out
+
+
+def _chain(db: DB, t: Turn) -> list[str]:
+    return [] if t.chain_hash is None else [r[0] for r in db.exec(CHAIN_QUERY, params={"h": t.chain_hash})]
+
+
+def _branch(t: Turn, siblings: list[int], turns) -> dict | None:
+    """A turn whose parent already had an earlier child is a retry or an edit."""
+    if t.parent_id is None or len(siblings) < 2:
+        return None
+    n = siblings.index(t.id) + 1
+    return {"parent": t.parent_id, "n": n, "of": len(siblings), "siblings": siblings}
+
+
+def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn | None,
+              blobs: dict[str, Any]) -> dict:
+    def blob(h: str) -> Any:
+        if h not in blobs:
+            blobs[h] = reader.blob(db, h)
+        return blobs[h]
+
+    api = apis.by_name(t.api)
+    summary = turn_summary(t, [c["name"] for c in calls])
+    hashes = _chain(db, t)
+    system = None
+    if t.system_hash is not None:
+        system = {"hash": t.system_hash, "text": transcript._text(blob(t.system_hash))}
+    elif hashes:
+        first = blob(hashes[0])
+        if isinstance(first, dict) and first.get("role") in ("system", "developer"):
+            system = {"hash": hashes[0], "text": transcript._text(first.get("content"))}
+    start = parent.message_count if parent is not None and parent.message_count <= len(hashes) else 0
+    new_hashes = [h for h in hashes[start:] if not (system and h == system["hash"])]
+    new_messages = [blob(h) for h in new_hashes]
+    response = reader_response(t)
+    decoding = t.decoding if isinstance(t.decoding, dict) else {}
+    tokens_in, tokens_out = tokens(t.usage)
+    return {
+        **summary,
+        "tokens_in": tokens_in, "tokens_out": tokens_out,
+        "system": system,
+        "input": segments(t.api, api, new_messages, decoding),
+        "reasoning": reasoning(t.api, response),
+        "text": transcript.response_text(t.api, response),
+        "calls": calls,
+        "decoding": decoding,
+        "stream_error": t.stream_error,
+    }
+
+
+def reader_response(t: Turn) -> Any:
+    from proxy.store import content
+    return content.unpack(t.response)
+
+
+def segments(api_name: str, api, messages: list[Any], decoding: dict) -> list[dict]:
+    """The new input of a turn, one segment per text block or tool message, each with a
+    kind: task, tool_result, tool_message, environment, reminder, error, text."""
+    if api is None or not messages:
+        return []
+    request = {api.keys.messages: messages}
+    reminders = [r for r in decoding.get("reminders") or [] if isinstance(r, dict)]
+    env = decoding.get("environment") if isinstance(decoding.get("environment"), dict) else None
+    out = []
+    for m in transcript.messages(api_name, request):
+        if m.role in ("assistant", "system"):
+            continue  # the parent turn's reply is drawn on the parent
+        for b in m.blocks:
+            if b["type"] == "tool_result":
+                out.append({"kind": "tool_message", "title": f"tool message for {b.get('id') or b.get('name')}",
+                            "text": b.get("text") or "", "placeholder": (b.get("text") or "").strip() == "result missing"})
+            elif b["type"] == "text":
+                out.append(_text_segment(b["text"], reminders, env))
+    return out
+
+
+def _text_segment(text: str, reminders: list[dict], env: dict | None) -> dict:
+    stripped = text.lstrip()
+    if stripped.startswith("<task>"):
+        body = stripped[len("<task>"):]
+        body = body[: body.rfind("</task>")] if "</task>" in body else body
+        return {"kind": "task", "title": "task", "text": body.strip()}
+    if stripped.startswith("<environment_details>"):
+        title = "environment details"
+        if env:
+            bits = [f"{env.get('mode')} MODE" if env.get("mode") else None,
+                    (env.get("context_usage") or {}).get("raw"), env.get("time")]
+            title += ": " + " · ".join(b for b in bits if b)
+        return {"kind": "environment", "title": title, "text": text}
+    m = RESULT_HEADER.match(stripped)
+    if m:
+        title = f"[{m.group(1)}" + (f" for '{m.group(2)}'" if m.group(2) is not None else "") + "] Result"
+        return {"kind": "tool_result", "title": title, "text": stripped[m.end():].lstrip("\n")}
+    if stripped.startswith("[ERROR]"):
+        return {"kind": "error", "title": "error fed back to the model", "text": text}
+    for r in reminders:
+        if r.get("text") and (r["text"] in text or text.strip() in r["text"]):
+            return {"kind": "reminder", "title": f"reminder: {r.get('kind')}", "text": text}
+    return {"kind": "text", "title": "user", "text": text}
+
+
+def call_view(c: dict) -> dict:
+    """A tool call with what its card needs: decoded display name, arguments without
+    task_progress (drawn apart as a checklist)."""
+    d = c.get("decoded") or {}
+    if d.get("kind") == "mcp" and d.get("server"):
+        display = f"{d['server']} › {d.get('tool')}"
+    elif d.get("kind") == "mcp":
+        display = f"{d.get('uid') or '?'} › {d.get('tool')}"
+    else:
+        display = d.get("tool") or c["name"]
+    args = c.get("arguments")
+    shown = args
+    if isinstance(args, dict) and c.get("task_progress") and "task_progress" in args:
+        shown = {k: v for k, v in args.items() if k != "task_progress"}
+    return {**c, "display_name": display,
+            "arguments_pretty": pretty(shown) if args is not None else None}
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def tokens(usage: Any) -> tuple[int | None, int | None]:
+    """(input, output) tokens in whichever names the provider used."""
+    if not isinstance(usage, dict):
+        return None, None
+    for i, o in (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"),
+                 ("promptTokenCount", "candidatesTokenCount")):
+        if i in usage or o in usage:
+            return usage.get(i), usage.get(o)
+    return None, None
+
+
+def reasoning(api: str, response: Any) -> str:
+    if not isinstance(response, dict):
+        return ""
+    if api == "anthropic.messages":
+        return "\n".join(b.get("thinking") or "" for b in response.get("content") or []
+                         if isinstance(b, dict) and b.get("type") == "thinking")
+    if api == "openai.responses":
+        out = []
+        for item in response.get("output") or []:
+            if isinstance(item, dict) and item.get("type") == "reasoning":
+                out += [s.get("text") or "" for s in item.get("summary") or [] if isinstance(s, dict)]
+                out += [s.get("text") or "" for s in item.get("content") or [] if isinstance(s, dict)]
+        return "\n".join(out)
+    if "candidates" in response:
+        cands = response.get("candidates") or [{}]
+        parts = ((cands[0] or {}).get("content") or {}).get("parts") or []
+        return "".join(p.get("text") or "" for p in parts if isinstance(p, dict) and p.get("thought"))
+    msg = ((response.get("choices") or [{}])[0] or {}).get("message") or {}
+    value = msg.get("reasoning_content") or msg.get("reasoning") or ""
+    return value if isinstance(value, str) else pretty(value)
+
+
+# -- the chart -------------------------------------------------------------------------
+
+CHART_W, CHART_H, PAD = 720, 120, 28
+
+
+def chart(views: list[dict]) -> dict | None:
+    """Coordinates for an inline SVG: bars of input and output tokens per turn, lines of
+    time to first byte and total latency. Computed here so the page needs no script."""
+    if not views:
+        return None
+    n = len(views)
+    step = (CHART_W - 2 * PAD) / n
+    max_tok = max([(v["tokens_in"] or 0) + (v["tokens_out"] or 0) for v in views] + [1])
+    max_ms = max([v["duration_ms"] or 0 for v in views] + [1])
+    usable = CHART_H - 2 * PAD / 2
+    bars, total_pts, ttft_pts = [], [], []
+    for i, v in enumerate(views):
+        x = PAD + i * step
+        ti, to = v["tokens_in"] or 0, v["tokens_out"] or 0
+        h_in, h_out = usable * ti / max_tok, usable * to / max_tok
+        base = CHART_H - PAD / 2
+        bars.append({"x": round(x + step * 0.15, 1), "w": round(max(step * 0.7, 1), 1),
+                     "y_in": round(base - h_in, 1), "h_in": round(h_in, 1),
+                     "y_out": round(base - h_in - h_out, 1), "h_out": round(h_out, 1),
+                     "id": v["id"], "tip": f"turn {v['id']}: {ti} in, {to} out tokens; "
+                                           f"ttft {v['ttft_ms']} ms, total {v['duration_ms']} ms"})
+        cx = round(x + step / 2, 1)
+        if v["duration_ms"] is not None:
+            total_pts.append(f"{cx},{round(base - usable * v['duration_ms'] / max_ms, 1)}")
+        if v["ttft_ms"] is not None:
+            ttft_pts.append(f"{cx},{round(base - usable * v['ttft_ms'] / max_ms, 1)}")
+    return {"w": CHART_W, "h": CHART_H, "bars": bars, "total": " ".join(total_pts),
+            "ttft": " ".join(ttft_pts), "max_tok": max_tok, "max_ms": round(max_ms, 1)}

@@ -259,3 +259,20 @@ def test_path_encoding_and_odd_header_bytes_pass_through(tooltap, upstream):
     assert r.content == b"fine" and (b"x-odd", "café".encode("latin-1")) in r.headers.raw
     assert got.raw_path == b"/v1/files/a%2Fb%20c"  # as the agent encoded it, not re-encoded
     assert got.header("x-latin") == "café"  # the byte 0xE9 arrived as sent
+
+
+def test_text_path_tool_calls_are_listed(tooltap, upstream):
+    """A model without native tools answers Cline with XML in its text."""
+    text = ("I will read it.\n<read_file>\n<path>src/app.py</path>\n"
+            "<task_progress>\n- [x] look\n- [ ] fix\n</task_progress>\n</read_file>")
+    upstream.routes["/chat/completions"] = Reply.json({
+        "id": "x", "object": "chat.completion", "model": "local",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+    body = json.loads(cline_turn(1)["request"])
+    body.pop("tools"), body.pop("tool_choice", None)
+    httpx.post(f"{tooltap.url}/chat/completions", json=body)
+    turn = tooltap.api(f"/turns/{tooltap.api('/turns')['turns'][0]['id']}")
+    (call,) = turn["tool_calls"]
+    assert call["source"] == "text" and call["name"] == "read_file"
+    assert call["arguments"]["path"] == "src/app.py"
+    assert (call["task_progress"]["done"], call["task_progress"]["total"]) == (1, 2)

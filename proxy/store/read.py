@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Callable
@@ -81,7 +82,7 @@ class Reader:
                 "response_headers": t.response_headers,
                 "stream_error": t.stream_error,
                 "decoding": t.decoding,
-                "tool_calls": [tool_call_json(c) for c in calls],
+                "tool_calls": [tool_call_json(c) for c in calls] + text_calls_json(t.decoding, len(calls)),
             }
 
     def raw(self, turn_id: int) -> tuple[bytes, str | None, str | None] | None:
@@ -191,6 +192,19 @@ def tool_call_json(c: ToolCallRow) -> dict:
         "arguments_error": c.arguments_error, "task_progress": c.task_progress,
         "result": c.result, "violations": c.violations or [],
     }
+
+
+def text_calls_json(decoding: Any, first_index: int) -> list[dict]:
+    """Tool calls a model wrote as XML in its text (no native tool calling), found by
+    the agent decoders; listed after the native ones, marked `source: "text"`."""
+    calls = (decoding or {}).get("text_tool_calls") or [] if isinstance(decoding, dict) else []
+    return [{
+        "id": None, "index": first_index + i, "name": c.get("name"), "choice": 0, "source": "text",
+        "decoded": c.get("decoded"), "arguments": c.get("arguments"),
+        "arguments_raw": json.dumps(c.get("params") or {}, ensure_ascii=False),
+        "arguments_error": c.get("arguments_error"), "task_progress": c.get("task_progress"),
+        "result": c.get("result"), "violations": c.get("violations") or [], "partial": c.get("partial", False),
+    } for i, c in enumerate(calls)]
 
 
 def _ms(v: float | None) -> float | None:

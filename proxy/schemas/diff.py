@@ -236,8 +236,12 @@ def diff_toolsets(a: list[ToolSpec], b: list[ToolSpec]) -> dict:
             changes = compare_tools(spec, new[name])
             tools.append({"name": name, "status": "changed" if changes else "unchanged", "changes": changes})
     for old_name, new_name, why in renames:
-        changes = [_change("$.name", "tool_renamed", f"renamed from {old_name!r} ({why}); calls using the old name fail",
-                           True, old_name, new_name)]
+        # An MCP uid changes whenever Cline restarts, and the agent sends the new name with
+        # the tools it offers: no caller holds the old one. Any other rename breaks callers.
+        uid_only = why.startswith("same MCP tool")
+        consequence = "the agent offers the new name itself" if uid_only else "calls using the old name fail"
+        changes = [_change("$.name", "tool_renamed", f"renamed from {old_name!r} ({why}); {consequence}",
+                           not uid_only, old_name, new_name)]
         changes += compare_tools(old[old_name], new[new_name])
         tools.append({"name": new_name, "from": old_name, "status": "renamed", "changes": changes})
     for name in removed:

@@ -42,25 +42,82 @@ def _upstream(ctx, param, values):
               help="File where turns wait while the database is down (default: beside the SQLite file).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level) -> None:
+@click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", default=None,
+              help="Token the inspector asks for on every page, API and live request "
+                   "(required when --host is not a loopback address). Env: TOOLTAP_UI_TOKEN.")
+def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token) -> None:
     """Forward agent traffic to the upstream and record every turn."""
     import uvicorn
 
     from .app import TooltapApp
 
+    _require_token_off_loopback(host, ui_token)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
-                        spool_path=spool_path)
+                        spool_path=spool_path, ui_token=ui_token or None)
     app = TooltapApp(settings)
     for up in upstreams:
         click.echo(f"tooltap: http://{host}:{port}{up.prefix or '/'} -> {up.url}")
-    click.echo(f"tooltap: inspector at http://{host}:{port}/_tooltap/  (database: {db_url})")
+    click.echo(f"tooltap: inspector at http://{host}:{port}/_tooltap/"
+               f"{'?token=...' if ui_token else ''}  (database: {db_url})")
     uvicorn.run(
         app, host=host, port=port, log_level=log_level,
         access_log=False,  # uvicorn would log ?key= in clear
         server_header=False, date_header=False,  # the upstream's headers, not ours
         timeout_graceful_shutdown=int(os.environ.get("TOOLTAP_SHUTDOWN_GRACE", "10")),
     )
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
+    """The inspector shows prompts, files and tool results: never serve it to a network
+    without a token."""
+    if not _is_loopback(host) and not ui_token:
+        raise click.UsageError(
+            f"--host {host} is not a loopback address: the inspector would show every captured "
+            "prompt and tool result to the network. Give --ui-token TOKEN (or set TOOLTAP_UI_TOKEN).")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--db", "db_url", default=None,
+              help="Keep the demo's database here (default: a temporary file removed on exit).")
+@click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", default=None, help="As for `serve`.")
+@click.option("--live-every", default=20.0, show_default=True, type=float,
+              help="Seconds between slowly streamed turns, to watch live updates (0: none).")
+def demo(host, port, db_url, ui_token, live_every) -> None:
+    """Run tooltap with a built-in scripted upstream and recorded sessions: no API key needed."""
+    import time
+
+    from . import demo as demo_mod
+
+    _require_token_off_loopback(host, ui_token)
+    with demo_mod.running(db_url=db_url, host=host, port=port, ui_token=ui_token) as d:
+        d.play_all()
+        click.echo("tooltap demo: played the cline-weather session, parallel tool calls, an upstream "
+                   "error and an aborted stream through tooltap.")
+        click.echo(f"tooltap demo: inspector at {d.inspector}{'?token=' + ui_token if ui_token else ''}")
+        click.echo(f"tooltap demo: agents would use base URL {d.url}  (Ctrl-C to stop)")
+        try:
+            while True:
+                if live_every > 0:
+                    time.sleep(live_every)
+                    d.play(demo_mod.slow_haiku())
+                else:
+                    time.sleep(3600)
+        except KeyboardInterrupt:
+            click.echo("tooltap demo: stopped")
 
 
 @main.command()

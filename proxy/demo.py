@@ -1,0 +1,261 @@
+"""`tooltap demo`: tooltap with a built-in scripted upstream and a few recorded sessions.
+
+A newcomer with no API key runs one command and sees the inspector working: the real
+cline-weather session (Cline 3.x through DeepSeek, an MCP call, task_progress, "result
+missing" pairing), a generic agent making parallel tool calls (one with an argument outside
+its schema), an upstream error (Anthropic 529) and a stream the upstream drops halfway.
+Every scenario goes through tooltap over real HTTP, exactly like an agent's traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import uvicorn
+
+from .config import Settings, Upstream
+from .scripted import Dropped, Received, Reply, ScriptedUpstream
+
+DATA = Path(__file__).parent / "demo_data"
+AUTH = {"authorization": "Bearer sk-demo-not-a-real-key-0000"}
+
+
+# -- building streams --------------------------------------------------------------------
+
+def chat_sse(model: str, deltas: list[dict], usage: dict | None = None, finish: str = "stop",
+             cid: str = "chatcmpl-demo") -> bytes:
+    """An OpenAI chat.completion.chunk stream from a list of deltas."""
+    def event(choices, extra=None) -> bytes:
+        body = {"id": cid, "object": "chat.completion.chunk", "created": 1767225600, "model": model,
+                "choices": choices, **(extra or {})}
+        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+    out = [event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
+    out += [event([{"index": 0, "delta": d, "finish_reason": None}]) for d in deltas]
+    out.append(event([{"index": 0, "delta": {}, "finish_reason": finish}]))
+    if usage:
+        out.append(event([], {"usage": usage}))
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)
+
+
+def words(text: str) -> list[dict]:
+    """Content deltas a few characters at a time, the way models stream."""
+    return [{"content": text[i:i + 6]} for i in range(0, len(text), 6)]
+
+
+# -- scenarios -------------------------------------------------------------------------
+
+@dataclass
+class Step:
+    path: str
+    body: dict | bytes
+    reply: Reply
+
+
+def cline_weather(delay: float = 0.0) -> list[Step]:
+    steps = []
+    for n in (1, 2, 3, 4):
+        turn = DATA / "cline-weather" / f"turn{n}"
+        sse = turn / "response.sse"
+        body = sse.read_bytes() if sse.exists() else chat_sse("deepseek-chat", words(
+            "根据 weather › get_forecast 的结果：华盛顿特区明天以多云为主，有零星阵雨的可能，"
+            "白天最高气温约 68°F（20°C），南风 2 到 9 英里/小时。"), finish="stop", cid="demo-final")
+        steps.append(Step("/chat/completions", (turn / "request.json").read_bytes(), Reply.sse(body, delay=delay)))
+    return steps
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "units": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"], "additionalProperties": False}}}
+
+
+def parallel_calls(delay: float = 0.0) -> list[Step]:
+    model = "gpt-4.1-mini"
+    system = {"role": "system", "content": "You are a concise travel assistant. Use tools for facts."}
+    user = {"role": "user", "content": "Compare the weather in Paris and Tokyo right now."}
+    call_a = {"id": "call_paris", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Paris", "units": "celsius"}'}}
+    call_b = {"id": "call_tokyo", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Tokyo", "units": "kelvin"}'}}
+    # The two calls' fragments interleave, as parallel calls do on the wire.
+    deltas = words("Checking both cities at once.") + [
+        {"tool_calls": [{"index": 0, "id": "call_paris", "type": "function",
+                         "function": {"name": "get_weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 1, "id": "call_tokyo", "type": "function",
+                         "function": {"name": "get_weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Pa'}}]},
+        {"tool_calls": [{"index": 1, "function": {"arguments": '{"city": "Tokyo", '}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": 'ris", "units": "celsius"}'}}]},
+        {"tool_calls": [{"index": 1, "function": {"arguments": '"units": "kelvin"}'}}]},
+    ]
+    first = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+             "messages": [system, user], "tools": [WEATHER_TOOL], "parallel_tool_calls": True}
+    second = {**first, "messages": [
+        system, user,
+        {"role": "assistant", "content": "Checking both cities at once.", "tool_calls": [call_a, call_b]},
+        {"role": "tool", "tool_call_id": "call_paris", "content": '{"temp": 14, "units": "celsius", "sky": "overcast"}'},
+        {"role": "tool", "tool_call_id": "call_tokyo", "content": "error: units must be celsius or fahrenheit"},
+    ]}
+    answer = ("Paris: 14 °C and overcast. Tokyo: the lookup failed because I asked for kelvin, "
+              "which the tool does not support; ask again and I will retry in celsius.")
+    return [
+        Step("/chat/completions", first, Reply.sse(chat_sse(model, deltas, {
+            "prompt_tokens": 96, "completion_tokens": 58, "total_tokens": 154}, "tool_calls", "chatcmpl-par1"),
+            delay=delay)),
+        Step("/chat/completions", second, Reply.sse(chat_sse(model, words(answer), {
+            "prompt_tokens": 188, "completion_tokens": 41, "total_tokens": 229}, "stop", "chatcmpl-par2"),
+            delay=delay)),
+    ]
+
+
+def upstream_error() -> list[Step]:
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 1024, "stream": True,
+            "system": "You are a careful code reviewer.",
+            "messages": [{"role": "user", "content": "Review this diff for race conditions."}]}
+    reply = Reply.json({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+                       status=529)
+    return [Step("/v1/messages", body, reply)]
+
+
+def aborted_stream() -> list[Step]:
+    model = "qwen3-coder"
+    body = {"model": model, "stream": True, "messages": [
+        {"role": "user", "content": "Write a shell one-liner that counts lines in every .py file."}]}
+    sse = chat_sse(model, words("Use find with wc: find . -name '*.py' -print0 | xargs -0 wc -l"),
+                   cid="chatcmpl-cut")
+    return [Step("/chat/completions", body, Reply.sse(sse, drop_after=5))]
+
+
+def slow_haiku(delay: float = 0.15) -> list[Step]:
+    """One slowly streamed answer: what a turn growing live looks like."""
+    model = "gpt-4.1-mini"
+    text = ("Bytes pass through the tap,\nevery tool call written down,\nthe agent's mind, "
+            "logged.\n\n(streamed slowly so you can watch it arrive)")
+    body = {"model": model, "stream": True,
+            "messages": [{"role": "user", "content": "Write a haiku about a logging proxy."}]}
+    return [Step("/chat/completions", body,
+                 Reply.sse(chat_sse(model, words(text), finish="stop", cid="chatcmpl-haiku"), delay=delay))]
+
+
+def all_scenarios(delay: float = 0.0) -> list[list[Step]]:
+    return [cline_weather(delay), parallel_calls(delay), upstream_error(), aborted_stream()]
+
+
+class _QuietDrops(logging.Filter):
+    """The aborted-stream scenario drops a connection on purpose; uvicorn would print a
+    traceback for it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], Dropped))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
+
+
+# -- serving -----------------------------------------------------------------------------
+
+class Router:
+    """The scripted upstream answers each request with the reply of the step being played."""
+
+    def __init__(self) -> None:
+        self.next: Reply | None = None
+
+    def __call__(self, _req: Received) -> Reply:
+        reply, self.next = self.next, None
+        return reply or Reply.json({"error": {"message": "demo: no scripted reply"}}, status=500)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """An ASGI app on a real uvicorn in a daemon thread."""
+
+    def __init__(self, app, host: str, port: int, log_level: str = "warning"):
+        self.host, self.port = host, port
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, access_log=False,
+            server_header=False, date_header=False, timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> "Served":
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"could not serve on {self.host}:{self.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@dataclass
+class Demo:
+    url: str  # tooltap's base URL
+    app: object  # the TooltapApp
+    router: Router
+
+    @property
+    def inspector(self) -> str:
+        return self.url + "/_tooltap/"
+
+    def play(self, steps: list[Step]) -> list[int]:
+        """Send each step through tooltap; return the HTTP statuses the agent saw."""
+        statuses = []
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            for step in steps:
+                self.router.next = step.reply
+                content = step.body if isinstance(step.body, bytes) else json.dumps(step.body).encode()
+                try:
+                    r = client.post(step.path, content=content,
+                                    headers={"content-type": "application/json", **AUTH})
+                    statuses.append(r.status_code)
+                except httpx.HTTPError:  # the aborted stream: the agent sees a cut connection
+                    statuses.append(0)
+        return statuses
+
+    def play_all(self, delay: float = 0.0) -> None:
+        for steps in all_scenarios(delay):
+            self.play(steps)
+        self.app.writer.flush()
+
+
+@contextmanager
+def running(db_url: str | None = None, host: str = "127.0.0.1", port: int | None = None,
+            ui_token: str | None = None) -> Iterator[Demo]:
+    """tooltap and its scripted upstream, both served in this process."""
+    from .app import TooltapApp
+
+    with tempfile.TemporaryDirectory(prefix="tooltap-demo-") as tmp:
+        router = Router()
+        upstream = Served(ScriptedUpstream({"/chat/completions": router, "/v1/messages": router}),
+                          "127.0.0.1", free_port()).start()
+        settings = Settings(upstreams=(Upstream.parse(f"http://127.0.0.1:{upstream.port}"),),
+                            db_url=db_url or f"sqlite:///{tmp}/demo.db", ui_token=ui_token)
+        app = TooltapApp(settings)
+        server = Served(app, host, port or free_port(host)).start()
+        try:
+            shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            yield Demo(f"http://{shown}:{server.port}", app, router)
+        finally:
+            server.stop()
+            upstream.stop()

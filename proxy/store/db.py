@@ -17,12 +17,14 @@ if not MIGRATIONS.is_dir():  # running from a source checkout: migrations/ sits 
 
 
 def make_engine(url: str, *, busy_timeout: float = 2.0) -> Engine:
+    """hide_parameters: a database error must not print captured content into the logs."""
     url = normalize_db_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": busy_timeout, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": busy_timeout, "check_same_thread": False},
+                               hide_parameters=True)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, hide_parameters=True)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

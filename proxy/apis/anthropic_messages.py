@@ -13,7 +13,7 @@ from typing import Any
 
 from ..sse import Event
 from . import register
-from .base import RequestKeys, ToolCall
+from .base import RequestKeys, ToolCall, WireAPIBase
 
 # Blocks whose `input` arrives as `input_json_delta` fragments and that are tool calls.
 TOOL_USE_TYPES = ("tool_use", "server_tool_use", "mcp_tool_use")
@@ -151,15 +151,13 @@ _HANDLERS = {
 }
 
 
-class AnthropicMessages:
+class AnthropicMessages(WireAPIBase):
     name = "anthropic.messages"
     keys = RequestKeys(messages="messages", system="system", tools="tools")
+    assembler = MessagesAssembler
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/v1/messages")
-
-    def new_assembler(self) -> MessagesAssembler:
-        return MessagesAssembler()
 
     def tool_calls(self, response: dict[str, Any]) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -172,12 +170,6 @@ class AnthropicMessages:
             else:
                 calls.append(ToolCall.from_object(len(calls), block.get("id"), name, block.get("input", {})))
         return calls
-
-    def usage(self, response: dict[str, Any]) -> dict[str, Any] | None:
-        return response.get("usage")
-
-    def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
-        return (response or {}).get("model") or request.get("model")
 
     def text(self, response: dict[str, Any]) -> str:
         return "".join(b.get("text", "") for b in response.get("content") or [] if b.get("type") == "text")

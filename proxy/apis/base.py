@@ -74,6 +74,21 @@ class Assembler(Protocol):
     error: dict[str, Any] | None
 
 
+class WireAPIBase:
+    """Defaults most wire APIs share; a module overrides what its API does differently."""
+
+    assembler: type  # the Assembler class for this API's streams
+
+    def new_assembler(self) -> Assembler:
+        return self.assembler()
+
+    def usage(self, response: dict[str, Any]) -> dict[str, Any] | None:
+        return response.get("usage")
+
+    def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
+        return (response or {}).get("model") or request.get("model")
+
+
 class WireAPI(Protocol):
     name: str  # "openai.chat", "openai.responses", "anthropic.messages", "gemini"
     keys: RequestKeys

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..sse import Event
 from . import register
-from .base import RequestKeys, ToolCall
+from .base import RequestKeys, ToolCall, WireAPIBase
 
 _TEXT_KEYS = {"text", "thought", "thoughtSignature"}
 _PLAIN_TEXT_KEYS = {"text", "thought"}
@@ -116,15 +116,13 @@ class GeminiAssembler:
         return response
 
 
-class Gemini:
+class Gemini(WireAPIBase):
     name = "gemini"
     keys = RequestKeys(messages="contents", system="systemInstruction", tools="tools")
+    assembler = GeminiAssembler
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.endswith((":generateContent", ":streamGenerateContent"))
-
-    def new_assembler(self) -> GeminiAssembler:
-        return GeminiAssembler()
 
     def tool_calls(self, response: dict[str, Any]) -> list[ToolCall]:
         calls: list[ToolCall] = []

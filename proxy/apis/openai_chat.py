@@ -13,7 +13,7 @@ from typing import Any
 
 from ..sse import Event
 from . import register
-from .base import RequestKeys, ToolCall
+from .base import RequestKeys, ToolCall, WireAPIBase
 
 # Delta fields that are text streamed in pieces. A field is kept on the message only if
 # some delta carried it, so each provider's own shape comes back (DeepSeek sends no
@@ -272,15 +272,13 @@ class ChatAssembler:
         return out
 
 
-class OpenAIChat:
+class OpenAIChat(WireAPIBase):
     name = "openai.chat"
     keys = RequestKeys(messages="messages", tools="tools")
+    assembler = ChatAssembler
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/chat/completions")
-
-    def new_assembler(self) -> ChatAssembler:
-        return ChatAssembler()
 
     def tool_calls(self, response: dict[str, Any]) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -303,12 +301,6 @@ class OpenAIChat:
                     raw = json.dumps(raw, ensure_ascii=False, separators=(",", ":"))
                 calls.append(ToolCall.from_raw(len(calls), call_id, fn.get("name") or "", raw, choice=number))
         return calls
-
-    def usage(self, response: dict[str, Any]) -> dict[str, Any] | None:
-        return response.get("usage")
-
-    def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
-        return (response or {}).get("model") or request.get("model")
 
     def text(self, response: dict[str, Any]) -> str:
         choices = response.get("choices") or [{}]

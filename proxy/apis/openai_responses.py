@@ -15,7 +15,7 @@ from typing import Any
 
 from ..sse import Event
 from . import register
-from .base import RequestKeys, ToolCall
+from .base import RequestKeys, ToolCall, WireAPIBase
 
 
 class _Piece:
@@ -188,15 +188,13 @@ class ResponsesAssembler:
         return response
 
 
-class OpenAIResponses:
+class OpenAIResponses(WireAPIBase):
     name = "openai.responses"
     keys = RequestKeys(messages="input", system="instructions", tools="tools")
+    assembler = ResponsesAssembler
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/responses")
-
-    def new_assembler(self) -> ResponsesAssembler:
-        return ResponsesAssembler()
 
     def tool_calls(self, response: dict[str, Any]) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -213,12 +211,6 @@ class OpenAIResponses:
                 raw = item.get("input") or ""
                 calls.append(ToolCall(index=len(calls), id=item.get("call_id"), name=name, arguments_raw=raw, arguments=raw))
         return calls
-
-    def usage(self, response: dict[str, Any]) -> dict[str, Any] | None:
-        return response.get("usage")
-
-    def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
-        return (response or {}).get("model") or request.get("model")
 
     def text(self, response: dict[str, Any]) -> str:
         return "".join(

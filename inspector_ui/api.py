@@ -53,3 +53,16 @@ def timeline(request: Request, turn_id: int):
     if found is None:
         raise HTTPException(404, f"no turn {turn_id}")
     return {"timeline": [{"offset": o, "ms": ms} for o, ms in found]}
+
+
+@router.get("/search")
+def search(request: Request, q: str = "", model: str = "", tool: str = "", server: str = "",
+           status: str = "", since: str = "", until: str = "", after: str | None = None,
+           limit: int = Query(50, ge=1, le=1000)):
+    """Sessions matching a full-text query and filters, newest first; `next` pages on."""
+    from .queries import Filters
+
+    f = Filters(q=q.strip(), model=model, tool=tool, server=server, status=status, since=since, until=until)
+    page = request.app.state.queries.sessions_page(f, cursor=after, limit=limit)
+    return {"sessions": page.sessions, "next": page.next_cursor, "matched": page.matched_by,
+            "note": page.search_note}

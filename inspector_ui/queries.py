@@ -94,24 +94,28 @@ class Queries:
 
     def sessions_page(self, f: Filters, cursor: str | None = None, limit: int = PAGE_SIZE) -> Page:
         with DB(self.engine) as db:
-            q = select(Session)
-            for cond in self._conditions(f):
-                q = q.where(cond)
-            note, matched = None, {}
+            note, matched, ids = None, {}, None
             if f.q:
                 ids, note, matched = self._search_ids(db, f.q)
-                q = q.where(Session.id.in_(ids) if ids else False)
-            after = decode_cursor(cursor) if cursor else None
-            if after:
-                at, sid = after
-                # last_at <= at keeps an index range scan; the NOT drops the rows already shown.
-                q = q.where(Session.last_at <= at, not_(and_(Session.last_at == at, Session.id <= sid)))
-            rows = db.exec(q.order_by(Session.last_at.desc(), Session.id).limit(limit + 1)).all()
+            rows = db.exec(self.page_statement(f, cursor, limit + 1, ids)).all()
             more = len(rows) > limit
             rows = rows[:limit]
             nxt = encode_cursor(rows[-1].last_at, rows[-1].id) if more and rows else None
             return Page([session_json(s) for s in rows], nxt, note,
                         {s.id: matched[s.id] for s in rows if s.id in matched})
+
+    def page_statement(self, f: Filters, cursor: str | None, limit: int, ids: list[str] | None = None):
+        q = select(Session)
+        for cond in self._conditions(f):
+            q = q.where(cond)
+        if ids is not None:
+            q = q.where(Session.id.in_(ids) if ids else False)
+        after = decode_cursor(cursor) if cursor else None
+        if after:
+            at, sid = after
+            # last_at <= at keeps an index range scan; the NOT drops the rows already shown.
+            q = q.where(Session.last_at <= at, not_(and_(Session.last_at == at, Session.id <= sid)))
+        return q.order_by(Session.last_at.desc(), Session.id).limit(limit)
 
     def _conditions(self, f: Filters) -> list:
         out = []

@@ -1,0 +1,191 @@
+"""The inspector's pages and queries over real HTTP: content, headers, search, filters,
+pagination at 10,000 sessions, the UI token."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from sqlalchemy import insert, text
+from sqlmodel import Session as DB
+
+from inspector_ui.queries import Filters, Queries
+from proxy.store.db import make_engine, migrate
+from proxy.store.models import Session
+from proxy.store.read import Reader
+from tests.test_proxy_e2e import play_cline
+
+
+def get(tooltap, path, **kw):
+    tooltap.flush()
+    return httpx.get(tooltap.url + path, timeout=10, **kw)
+
+
+@pytest.fixture
+def cline(tooltap, upstream):
+    play_cline(tooltap, upstream)
+    tooltap.flush()
+    return tooltap.api("/sessions")["sessions"][0]["id"]
+
+
+def test_every_inspector_response_has_csp_and_nosniff(tooltap, cline):
+    for path in ["/_tooltap/", f"/_tooltap/sessions/{cline}", "/_tooltap/turns/1", "/_tooltap/api/sessions",
+                 "/_tooltap/api/turns/1/raw", "/_tooltap/static/app.js", "/_tooltap/nope",
+                 "/_tooltap/sessions/nope"]:
+        r = get(tooltap, path)
+        csp = r.headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp, path
+        assert r.headers["x-content-type-options"] == "nosniff", path
+
+
+def test_session_page_shows_the_decoded_transcript(tooltap, cline):
+    html = get(tooltap, f"/_tooltap/sessions/{cline}").text
+    assert "weather › get_forecast" in html
+    assert "cIya4J0mcp0get_forecast" in html  # the raw name beside the decoded one
+    assert "2/4" in html and "checked now" in html
+    assert "华盛顿明天天气如何？" in html
+    assert "[read_file for &#39;/Users/zhongziqiang/code/weather/weather.py&#39;] Result" in html
+    assert html.count("tool message: “result missing”") == 3
+    assert "undeclared_parameter" in html  # task_progress leaked into the MCP call
+    assert html.count('class="seg-title">task<') == 1
+    assert html.count("system prompt") == 1  # shown once: it never changes in this session
+    assert "<svg" in html and "polyline" in html
+
+
+def test_turn_page_tools_page_download_and_curl(tooltap, cline):
+    html = get(tooltap, "/_tooltap/turns/3").text
+    assert "call_00_k1cxcyyiAm1wUwdnNTmPjs3q" in html
+    assert "Bearer $API_KEY" in html and "sk-cline-secret" not in html
+    assert "Bearer …cdef#" in html  # the header's fingerprint
+    assert "chunks over" in html
+    r = get(tooltap, "/_tooltap/turns/3/download")
+    assert "attachment" in r.headers["content-disposition"]
+    assert r.json()["tool_calls"][0]["name"] == "cIya4J0mcp0get_forecast"
+    tools = get(tooltap, f"/_tooltap/sessions/{cline}/tools").text
+    assert "cIya4J0mcp0get_forecast" in tools and "weather › get_forecast" in tools
+    assert "parameters schema" in tools
+
+
+def test_search_and_filters(tooltap, cline):
+    def titles(query):
+        return [s["title"] for s in get(tooltap, "/_tooltap/api/search", params=query).json()["sessions"]]
+
+    assert titles({"q": "38.9072"}) == ["华盛顿明天天气如何？"]  # a tool argument
+    assert titles({"q": "Patchy fog"}) == ["华盛顿明天天气如何？"]  # a tool result
+    assert titles({"q": "VISUAL STUDIO CODE"}) == ["华盛顿明天天气如何？"]  # messages, any case
+    assert titles({"q": "no such words anywhere"}) == []
+    assert titles({"server": "weather"}) == ["华盛顿明天天气如何？"]
+    assert titles({"server": "other"}) == []
+    assert titles({"tool": "get_forecast", "model": "deepseek-chat"}) == ["华盛顿明天天气如何？"]
+    assert titles({"model": "gpt-5"}) == []
+    assert titles({"status": "errors"}) == []
+    assert titles({"since": "2000-01-01"}) == ["华盛顿明天天气如何？"]
+    assert titles({"until": "2000-01-01"}) == []
+    html = get(tooltap, "/_tooltap/", params={"q": "38.9072"}).text
+    assert "matched in tool arguments" in html
+
+
+def test_live_endpoint_streams_hub_events(tooltap, upstream):
+    from proxy.scripted import Reply
+
+    upstream.routes["/chat/completions"] = Reply.sse(
+        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+        b'"delta":{"content":"hello"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+    seen = []
+    with httpx.stream("GET", tooltap.url + "/_tooltap/api/live", timeout=10) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["content-security-policy"]
+        lines = r.iter_lines()
+        assert next(lines) == "event: hello"
+        httpx.post(tooltap.url + "/chat/completions", json={"model": "m", "stream": True,
+                                                            "messages": [{"role": "user", "content": "hi"}]})
+        for line in lines:
+            if line.startswith("event: "):
+                seen.append(line[7:])
+            if line.startswith("data: ") and seen and seen[-1] == "turn_stored":
+                assert json.loads(line[6:])["session_id"]
+                break
+    assert seen[0] == "turn_started" and seen[-1] == "turn_stored" and "turn_finished" in seen
+
+
+def test_token_refuses_page_api_live_and_static(make_tooltap, upstream):
+    tt = make_tooltap(upstream.url, ui_token="s3cret-token")
+    for path in ["/_tooltap/", "/_tooltap/api/sessions", "/_tooltap/api/live", "/_tooltap/static/app.js",
+                 "/_tooltap/turns/1"]:
+        r = httpx.get(tt.url + path, timeout=5)
+        assert r.status_code == 401, path
+        assert r.headers["content-security-policy"]
+        r = httpx.get(tt.url + path, headers={"authorization": "Bearer wrong"}, timeout=5)
+        assert r.status_code == 401, path
+    assert httpx.get(tt.url + "/_tooltap/api/sessions", headers={"authorization": "Bearer s3cret-token"}).status_code == 200
+    # ?token= trades itself for a cookie and leaves the address bar.
+    with httpx.Client(base_url=tt.url, timeout=5) as c:
+        r = c.get("/_tooltap/?token=s3cret-token&q=x")
+        assert r.status_code == 303 and r.headers["location"] == "/_tooltap/?q=x"
+        assert "HttpOnly" in r.headers["set-cookie"] and "SameSite=Strict" in r.headers["set-cookie"]
+        assert c.get("/_tooltap/").status_code == 200
+        assert c.get("/_tooltap/api/sessions").status_code == 200
+
+
+# -- 10,000 sessions ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('many')}/many.db"
+    engine = make_engine(url)
+    migrate(engine)
+    rows = [{"id": f"s{i:05d}", "title": f"session {i}", "agent": "generic", "started_at": 1_700_000_000 + i,
+             "last_at": 1_700_000_000 + i // 2,  # pairs share last_at: the cursor must break ties
+             "turns": 1, "tool_calls": 0, "input_tokens": 0, "output_tokens": 0, "errors": i % 7 == 0,
+             "models": ["m-a" if i % 2 else "m-b"]} for i in range(10_000)]
+    with engine.begin() as conn:
+        conn.execute(insert(Session.__table__), rows)
+    return Queries(Reader(engine))
+
+
+def test_keyset_pages_walk_10k_sessions_exactly_once(many):
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = many.sessions_page(Filters(), cursor, limit=500)
+        seen += [s["id"] for s in page.sessions]
+        pages += 1
+        if not page.next_cursor:
+            break
+        cursor = page.next_cursor
+    assert len(seen) == 10_000 == len(set(seen)) and pages == 20
+    assert seen[0] == "s09998" and seen[1] == "s09999"  # newest first, ties by id
+
+
+def test_deep_page_is_as_fast_as_the_first(many):
+    first = many.sessions_page(Filters(), None)
+    deep_cursor = None
+    for _ in range(3):
+        deep_cursor = many.sessions_page(Filters(), deep_cursor, limit=3000).next_cursor
+    timings = {}
+    for name, cursor in (("first", None), ("deep", deep_cursor)):
+        start = time.perf_counter()
+        for _ in range(20):
+            page = many.sessions_page(Filters(), cursor)
+        timings[name] = (time.perf_counter() - start) / 20
+        assert len(page.sessions) == 50
+    print(f"\nsessions page at 10,000 sessions: first {timings['first'] * 1000:.2f} ms, "
+          f"after 9,000 rows {timings['deep'] * 1000:.2f} ms")
+    assert timings["deep"] < 0.25  # generous: it is ~1 ms on a laptop
+    assert first.sessions[0]["id"] == "s09998"
+
+
+def test_page_query_uses_the_last_at_index(many):
+    stmt = many.page_statement(Filters(), "1700004000.0~s08000", 51)
+    sql = str(stmt.compile(many.engine, compile_kwargs={"literal_binds": True}))
+    with DB(many.engine) as db:
+        plan = " ".join(str(row[-1]) for row in db.exec(text("EXPLAIN QUERY PLAN " + sql)))
+    assert "ix_sessions_last_at" in plan, plan
+
+
+def test_filters_on_many(many):
+    page = many.sessions_page(Filters(status="errors", model="m-a"), None, limit=10_000)
+    ids = [int(s["id"][1:]) for s in page.sessions]
+    assert ids and all(i % 7 == 0 and i % 2 == 1 for i in ids)
+    assert len(ids) == len([i for i in range(10_000) if i % 7 == 0 and i % 2 == 1])

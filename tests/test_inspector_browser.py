@@ -1,0 +1,192 @@
+"""The inspector in a real headless browser (Debian's chromium, Playwright): the
+cline-weather session, hostile captured text, live turns, search, the UI token."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from proxy.demo import chat_sse, words
+from proxy.scripted import Reply
+from tests.conftest import cline_turn
+from tests.test_proxy_e2e import FINAL_SSE
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+XSS_IMG = '<img src=x onerror="window.__xss=1;alert(1)">'
+XSS_SCRIPT = "<script>window.__xss=2;alert(2)</script>"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.dialogs = []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.set_default_timeout(10_000)
+    yield pg
+    context.close()
+
+
+def send(url: str, body: dict | bytes, path: str = "/chat/completions") -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(url + path, content=content, timeout=30,
+                      headers={"content-type": "application/json", "authorization": "Bearer sk-test-0123456789"})
+
+
+def play_cline_turns(tooltap, upstream, n: int) -> None:
+    turns = [cline_turn(i) for i in (1, 2, 3)]
+    upstream.routes["/chat/completions"] = [Reply.sse(t["sse"]) for t in turns]
+    for t in turns[:n]:
+        assert send(tooltap.url, t["request"]).status_code == 200
+    tooltap.flush()
+
+
+def wait_live(page) -> None:
+    page.wait_for_selector("body[data-live=on]")
+
+
+def test_cline_weather_session_renders(tooltap, upstream, page):
+    play_cline_turns(tooltap, upstream, 3)
+    page.goto(tooltap.url + "/_tooltap/")
+    page.click("text=华盛顿明天天气如何？")
+    mcp = page.locator("[data-testid=tool-call]", has_text="weather › get_forecast")
+    assert mcp.count() == 1
+    assert mcp.locator("[data-testid=call-name]").inner_text() == "weather › get_forecast"
+    assert "cIya4J0mcp0get_forecast" in mcp.inner_text()
+    assert mcp.locator(".cl-count").inner_text() == "2/4"
+    assert mcp.locator(".checklist li.changed").inner_text().startswith("☑ 确定华盛顿的地理位置坐标")
+    assert mcp.locator("[data-testid=violations]").is_visible()
+    # Turn 3's call is answered by the MCP result that arrives in turn 4 (not played):
+    assert "no result (yet)" in mcp.locator("[data-testid=result]").inner_text()
+    first = page.locator("[data-testid=tool-call]", has_text="list_files")
+    assert first.locator(".cl-count").inner_text() == "0/4"
+    result = first.locator("[data-testid=result]")
+    assert "weather.py" in result.inner_text()
+    assert result.locator("[data-testid=placeholder]").inner_text() == "tool message: “result missing”"
+    # Keyboard: j selects the first turn, j again the second.
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    assert page.locator("article.turn.selected").get_attribute("id") == "turn-2"
+
+
+def test_hostile_text_renders_as_text_and_runs_nothing(tooltap, upstream, page):
+    args = json.dumps({"path": XSS_IMG, "content": XSS_SCRIPT})
+    upstream.routes["/chat/completions"] = [
+        Reply.sse(chat_sse("m", [{"content": "see " + XSS_SCRIPT}, {"tool_calls": [{
+            "index": 0, "id": "call_x", "type": "function",
+            "function": {"name": "write_to_file", "arguments": args}}]}], finish="tool_calls")),
+        Reply.sse(chat_sse("m", words("done " + XSS_IMG))),
+    ]
+    tools = [{"type": "function", "function": {"name": "write_to_file", "description": XSS_IMG,
+                                               "parameters": {"type": "object"}}}]
+    first = {"model": "m", "stream": True, "tools": tools,
+             "messages": [{"role": "user", "content": "title " + XSS_SCRIPT}]}
+    second = {**first, "messages": first["messages"] + [
+        {"role": "assistant", "content": "see " + XSS_SCRIPT, "tool_calls": [
+            {"id": "call_x", "type": "function", "function": {"name": "write_to_file", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "call_x", "content": "result " + XSS_IMG}]}
+    send(tooltap.url, first)
+    tooltap.flush()
+    sid = tooltap.api("/sessions")["sessions"][0]["id"]
+
+    # The second turn arrives while the session page is open: the live path too.
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{sid}")
+    wait_live(page)
+    send(tooltap.url, second)
+    page.wait_for_selector("article.turn >> nth=1")
+
+    for url in [f"/_tooltap/sessions/{sid}", "/_tooltap/", "/_tooltap/turns/1", "/_tooltap/turns/2",
+                f"/_tooltap/sessions/{sid}/tools", "/_tooltap/?q=onerror"]:
+        page.goto(tooltap.url + url)
+        body = page.locator("main").inner_text()
+        assert "<img src=x onerror=" in body or "<script>window.__xss=2" in body, url
+        assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0, url
+        assert page.evaluate("window.__xss") is None, url
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{sid}")
+    text = page.locator("main").inner_text()
+    assert XSS_IMG in text and XSS_SCRIPT in text
+    assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
+    assert page.evaluate("window.__xss") is None
+    assert page.dialogs == []
+
+
+def test_a_streaming_turn_appears_live_on_the_list_and_grows(tooltap, upstream, page):
+    upstream.routes["/chat/completions"] = Reply.sse(
+        chat_sse("slow-model", [{"content": f"word{i} "} for i in range(12)]), delay=0.2)
+    page.goto(tooltap.url + "/_tooltap/")
+    wait_live(page)
+    sender = threading.Thread(target=send, args=(tooltap.url, {
+        "model": "slow-model", "stream": True, "messages": [{"role": "user", "content": "count slowly"}]}))
+    sender.start()
+    live = page.locator("[data-testid=live-turn]")
+    live.wait_for()
+    live.locator(".live-text", has_text="word2").wait_for()  # (wait_for_function would need eval: CSP says no)
+    partial = live.locator(".live-text").inner_text()
+    assert "word11" not in partial  # seen while still streaming
+    page.locator("tr[data-session]", has_text="count slowly").wait_for()
+    sender.join()
+    assert live.count() == 0  # the in-flight box gives way to the stored row
+
+
+def test_a_new_turn_appears_live_on_its_session_page(tooltap, upstream, page):
+    play_cline_turns(tooltap, upstream, 3)
+    sid = tooltap.api("/sessions")["sessions"][0]["id"]
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{sid}")
+    wait_live(page)
+    assert page.locator("article.turn").count() == 3
+    upstream.routes["/chat/completions"] = Reply.sse(FINAL_SSE.replace(
+        b'"content":"Sunny, 21\\u00b0C."', b'"content":"Sunny, 21\\u00b0C. Enjoy."'), split=40, delay=0.2)
+    sender = threading.Thread(target=send, args=(tooltap.url, cline_turn(4)["request"]))
+    sender.start()
+    page.locator("#in-flight [data-testid=live-turn]").wait_for()
+    card = page.locator("article.turn >> nth=3")
+    card.wait_for()
+    sender.join()
+    assert "Sunny, 21°C. Enjoy." in card.inner_text()
+    # Turn 4 carries turn 3's MCP result: the live card is new, turn 3's result shows on reload.
+    page.reload()
+    mcp = page.locator("[data-testid=tool-call]", has_text="weather › get_forecast")
+    assert "Patchy fog" in mcp.locator("[data-testid=result]").inner_text()
+
+
+def test_search_finds_a_tool_argument(tooltap, upstream, page):
+    play_cline_turns(tooltap, upstream, 3)
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("other", words("hi")))
+    send(tooltap.url, {"model": "other", "stream": True, "messages": [{"role": "user", "content": "unrelated"}]})
+    tooltap.flush()
+    page.goto(tooltap.url + "/_tooltap/")
+    assert page.locator("tr[data-session]").count() == 2
+    page.keyboard.press("/")
+    page.keyboard.type("-77.0369")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**q=-77.0369**")
+    rows = page.locator("tr[data-session]")
+    assert rows.count() == 1
+    assert "华盛顿明天天气如何？" in rows.inner_text() and "tool arguments" in rows.inner_text()
+
+
+def test_ui_token_refuses_page_api_and_live_without_it(make_tooltap, upstream, page):
+    tt = make_tooltap(upstream.url, ui_token="tok-123")
+    for path in ["/_tooltap/", "/_tooltap/api/sessions", "/_tooltap/api/live"]:
+        r = page.goto(tt.url + path)
+        assert r.status == 401, path
+        assert "UI token" in page.locator("body").inner_text()
+    page.goto(tt.url + "/_tooltap/?token=tok-123")
+    assert page.url == tt.url + "/_tooltap/"  # the token left the address bar
+    wait_live(page)  # the event stream got through with the cookie
+    assert page.request.get(tt.url + "/_tooltap/api/sessions").status == 200

@@ -1,0 +1,144 @@
+"""Shared helpers for the benchmark scripts: ports, processes, /proc, statistics, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS = BENCH / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
+
+
+def tooltap_cmd() -> list[str]:
+    """`tooltap` as installed beside this interpreter (a Python script, so the process we
+    start is tooltap itself, not a shim), else `python -m proxy`."""
+    script = Path(sys.executable).parent / "tooltap"
+    if script.exists():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-m", "proxy"]
+
+
+def start_tooltap(upstream_url: str, db_path: Path, port: int, variant: list[str] | None = None) -> subprocess.Popen:
+    """`tooltap serve` (or, with `variant` args, bench/variant.py) as a subprocess."""
+    env = {**os.environ, "TOOLTAP_SHUTDOWN_GRACE": "3"}
+    env.pop("TOOLTAP_UPSTREAM", None)
+    env.pop("TOOLTAP_DB", None)
+    cmd = [sys.executable, str(BENCH / "variant.py"), *variant] if variant else [*tooltap_cmd(), "serve"]
+    proc = subprocess.Popen(
+        [*cmd, "--upstream", upstream_url, "--db", f"sqlite:///{db_path}",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=db_path.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    wait_port(port, proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 30.0) -> int:
+    """Ask a process we started to stop (SIGINT: tooltap flushes its writer), then make sure."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A /proc/PID/status field in kB (VmRSS, VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False if not allowed."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * p
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "git": _git_head()}
+
+
+def _git_head() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_results(name: str, data: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = RESULTS / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(data, indent=2))
+    (RESULTS / f"{name}-latest.json").write_text(json.dumps(data, indent=2))
+    return path
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    cells = [[str(c) for c in header]] + [[c if isinstance(c, str) else f"{c}" for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)

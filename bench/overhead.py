@@ -1,0 +1,263 @@
+"""What tooltap adds to a streaming request: latency, throughput, memory.
+
+    python bench/overhead.py [--chunks 200] [--size 200] [--requests 200]
+                             [--concurrency 32] [--seconds 10] [--rounds 5] [--big-mb 50]
+
+Three processes on loopback: the upstream (bench/upstream.py: raw ASGI, uvicorn, uvloop,
+httptools), tooltap (`tooltap serve`, SQLite in a temporary directory) in front of it, and
+the client (bench/client.py: raw asyncio streams on uvloop), which talks to both in the
+same run, interleaved so machine noise hits both paths alike:
+
+  1. concurrency 1: `--requests` requests per path, alternating direct/tooltap (ABBA);
+     medians and p90 of time to first body byte (TTFB) and total time.
+  2. concurrency `--concurrency`: `--rounds` rounds of `--seconds`/`--rounds` seconds per
+     path, alternating; requests/s, chunks/s, and the CPU time each process used.
+  3. memory: tooltap's VmRSS before and after one `--big-mb` MB response through it (an
+     SSE chat stream, then opaque bytes), and the peak (VmHWM, reset before each stream).
+
+Prints a table, checks the targets, writes bench/results/overhead-*.json. Everything is
+bounded and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import (BENCH, cpu_seconds, free_port, machine, median, pct, proc_status, reset_peak_rss,
+                    start_tooltap, stop, table, wait_port, write_results)
+from upstream import chat_stream
+
+TARGET_ADDED_TTFB_MS = 2.0
+TARGET_THROUGHPUT_RATIO = 0.70
+
+
+def run_client(spec: dict, timeout: float) -> dict:
+    p = subprocess.run([sys.executable, str(BENCH / "client.py"), json.dumps(spec)],
+                       capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"client failed:\n{p.stderr}")
+    return json.loads(p.stdout)
+
+
+def turns_stored(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as c:
+            return c.execute("select count(*) from turns").fetchone()[0]
+    except sqlite3.Error:
+        return -1
+
+
+def memory_run(pid: int, port: int, path: str, db: Path, direct_port: int) -> dict:
+    """One big response through tooltap: RSS before, sampled peak, VmHWM, RSS once stored."""
+    before_turns, deadline = -2, time.monotonic() + 60
+    while time.monotonic() < deadline:  # let the writer drain what the load phase left
+        n = turns_stored(db)
+        if n == before_turns:
+            break
+        before_turns = n
+        time.sleep(1.0)
+    rss0 = proc_status(pid, "VmRSS")
+    hwm_reset = reset_peak_rss(pid)
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                samples.append(proc_status(pid, "VmRSS"))
+            except (OSError, KeyError):
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    res = run_client({"mode": "one", "port": port, "path": path, "timeout": 120}, timeout=180)
+    t_stream_end = time.perf_counter()
+    deadline = time.monotonic() + 120
+    while turns_stored(db) <= before_turns and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store_s = time.perf_counter() - t_stream_end
+    time.sleep(0.5)
+    done.set()
+    t.join()
+    rss1 = proc_status(pid, "VmRSS")
+    hwm = proc_status(pid, "VmHWM")
+    direct = run_client({"mode": "one", "port": direct_port, "path": path, "timeout": 120}, timeout=180)
+    return {
+        "path": path, "bytes": res["bytes"], "seconds": res["total"], "direct_seconds": direct["total"],
+        "rss_before_kb": rss0, "rss_after_kb": rss1, "rss_peak_sampled_kb": max(samples, default=rss0),
+        "vmhwm_kb": hwm if hwm_reset else None, "stored_after_s": store_s,
+        "stored": turns_stored(db) > before_turns,
+    }
+
+
+def summarize_latency(d: dict) -> dict:
+    return {"n": len(d["total"]),
+            "ttfb_ms": {"p50": median(d["ttfb"]) * 1e3, "p90": pct(d["ttfb"], 0.9) * 1e3},
+            "total_ms": {"p50": median(d["total"]) * 1e3, "p90": pct(d["total"], 0.9) * 1e3}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=200, help="SSE events per response")
+    ap.add_argument("--size", type=int, default=200,
+                    help="bytes per event (a chat.completion.chunk envelope alone is ~176 bytes)")
+    ap.add_argument("--requests", type=int, default=200, help="requests per path at concurrency 1")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=10.0, help="load time per path (split into rounds)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--big-mb", type=int, default=50, help="size of the memory test stream (0: skip)")
+    ap.add_argument("--variant", metavar="ARGS",
+                    help='diagnostics: run bench/variant.py ARGS instead of `tooltap serve`, e.g. "--sink drop"')
+    ap.add_argument("--profile", metavar="DIR",
+                    help="record tooltap with py-spy during the load phase (collapsed stacks into DIR; "
+                         "summarize with bench/pyspy_top.py)")
+    a = ap.parse_args()
+
+    chunk_bytes = [len(e) for e in chat_stream(a.chunks, a.size)]
+    expect = sum(chunk_bytes)
+    path = f"/v1/chat/completions?n={a.chunks}&size={a.size}"
+    up_port, tt_port = free_port(), free_port()
+    results: dict = {"machine": machine(), "params": vars(a) | {"response_bytes": expect,
+                                                              "event_bytes_median": median(chunk_bytes)}}
+    with tempfile.TemporaryDirectory(prefix="tooltap-bench-") as tmp:
+        db = Path(tmp) / "bench.db"
+        upstream = subprocess.Popen([sys.executable, str(BENCH / "upstream.py"), "--port", str(up_port)],
+                                    stdout=subprocess.DEVNULL)
+        tooltap = None
+        try:
+            wait_port(up_port, upstream)
+            tooltap = start_tooltap(f"http://127.0.0.1:{up_port}", db, tt_port,
+                                    a.variant.split() if a.variant else None)
+            targets = {"direct": up_port, "tooltap": tt_port}
+            print(f"upstream pid {upstream.pid} :{up_port}   tooltap pid {tooltap.pid} :{tt_port}   "
+                  f"response: {a.chunks} events, {expect} bytes", flush=True)
+
+            print(f"[1/3] concurrency 1: {a.requests} requests per path, interleaved ...", flush=True)
+            seq = run_client({"mode": "sequential", "targets": targets, "path": path, "expect_bytes": expect,
+                              "warmup": 20, "requests": a.requests}, timeout=600)
+            results["c1"] = {n: summarize_latency(seq[n]) for n in targets}
+
+            print(f"[2/3] concurrency {a.concurrency}: {a.seconds:g} s per path in {a.rounds} rounds ...",
+                  flush=True)
+            pids = {"tooltap": tooltap.pid, "upstream": upstream.pid}
+            spy = None
+            if a.profile:
+                Path(a.profile).mkdir(parents=True, exist_ok=True)
+                spy = subprocess.Popen(["py-spy", "record", "--pid", str(tooltap.pid), "--format", "raw",
+                                        "--threads", "--rate", "250", "--nonblocking",
+                                        "--output", str(Path(a.profile) / "tooltap-load.txt")],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+            cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+            ld = run_client({"mode": "load", "targets": targets, "path": path, "expect_bytes": expect,
+                             "concurrency": a.concurrency, "round_seconds": a.seconds / a.rounds,
+                             "rounds": a.rounds, "warmup_rounds": 1}, timeout=a.seconds * 4 + 120)
+            cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+            if spy is not None:
+                stop(spy, timeout=20)
+            cpu["client"] = ld["_client_cpu_s"]
+            results["load"] = {}
+            for n in targets:
+                d = ld[n]
+                rps = d["requests"] / d["elapsed"]
+                results["load"][n] = summarize_latency(d) | {
+                    "requests": d["requests"], "errors": d["errors"], "seconds": d["elapsed"],
+                    "req_per_s": rps, "chunks_per_s": rps * a.chunks, "mb_per_s": d["bytes"] / d["elapsed"] / 1e6}
+            results["load"]["cpu_seconds"] = cpu
+            results["load"]["tooltap_cpu_ms_per_request"] = cpu["tooltap"] / max(1, ld["tooltap"]["all_requests"]) * 1e3
+
+            if a.big_mb and "drop" not in (a.variant or ""):
+                print(f"[3/3] memory: one {a.big_mb} MB response through tooltap (SSE, then raw) ...", flush=True)
+                results["memory"] = {
+                    "sse": memory_run(tooltap.pid, tt_port, f"/v1/chat/completions?mb={a.big_mb}", db, up_port),
+                    "raw": memory_run(tooltap.pid, tt_port, f"/v1/chat/completions?mb={a.big_mb}&raw=1", db,
+                                      up_port),
+                }
+        finally:
+            if tooltap is not None:
+                stop(tooltap)
+                err = tooltap.stderr.read().decode(errors="replace") if tooltap.stderr else ""
+                if err.strip():
+                    results["tooltap_stderr_tail"] = err[-4000:]
+            stop(upstream)
+        results["db_bytes"] = sum(p.stat().st_size for p in Path(tmp).glob("bench.db*"))
+
+    report(results, a)
+    out = write_results("overhead", results)
+    print(f"\nresults: {out}")
+    return 0 if results["targets"]["all_met"] else 1
+
+
+def report(r: dict, a) -> None:
+    c1, ld = r["c1"], r["load"]
+    f = lambda x: f"{x:.2f}"
+    print(f"\n== Concurrency 1: {c1['direct']['n']} requests per path, {a.chunks} events "
+          f"({r['params']['response_bytes']} bytes) each, ms ==")
+    rows = [[n, f(c1[n]["ttfb_ms"]["p50"]), f(c1[n]["ttfb_ms"]["p90"]), f(c1[n]["total_ms"]["p50"]),
+             f(c1[n]["total_ms"]["p90"])] for n in ("direct", "tooltap")]
+    added_ttfb = c1["tooltap"]["ttfb_ms"]["p50"] - c1["direct"]["ttfb_ms"]["p50"]
+    added_total = c1["tooltap"]["total_ms"]["p50"] - c1["direct"]["total_ms"]["p50"]
+    rows.append(["added (tooltap - direct)", f(added_ttfb),
+                 f(c1["tooltap"]["ttfb_ms"]["p90"] - c1["direct"]["ttfb_ms"]["p90"]), f(added_total),
+                 f(c1["tooltap"]["total_ms"]["p90"] - c1["direct"]["total_ms"]["p90"])])
+    rows.append(["ratio (tooltap / direct)", f(c1["tooltap"]["ttfb_ms"]["p50"] / c1["direct"]["ttfb_ms"]["p50"]),
+                 "", f(c1["tooltap"]["total_ms"]["p50"] / c1["direct"]["total_ms"]["p50"]), ""])
+    print(table(rows, ["path", "TTFB p50", "TTFB p90", "total p50", "total p90"]))
+
+    print(f"\n== Concurrency {a.concurrency}: {ld['direct']['seconds']:.1f} s per path ==")
+    rows = [[n, f"{ld[n]['req_per_s']:.1f}", f"{ld[n]['chunks_per_s']:.0f}", f(ld[n]["mb_per_s"]),
+             f(ld[n]["ttfb_ms"]["p50"]), f(ld[n]["ttfb_ms"]["p90"]), f(ld[n]["total_ms"]["p50"]),
+             f(ld[n]["total_ms"]["p90"]), str(ld[n]["requests"]), str(ld[n]["errors"])] for n in ("direct", "tooltap")]
+    ratio = ld["tooltap"]["req_per_s"] / ld["direct"]["req_per_s"]
+    rows.append(["ratio (tooltap / direct)", f(ratio), f(ratio), "", "", "", "", "", "", ""])
+    print(table(rows, ["path", "req/s", "chunks/s", "MB/s", "TTFB p50", "TTFB p90", "total p50", "total p90",
+                       "requests", "errors"]))
+    cpu = ld["cpu_seconds"]
+    print(f"CPU seconds over the whole load phase (both paths): tooltap {cpu['tooltap']:.1f}, upstream "
+          f"{cpu['upstream']:.1f}, client {cpu['client']:.1f}; tooltap: "
+          f"{ld['tooltap_cpu_ms_per_request']:.2f} ms CPU per proxied request")
+
+    mem_ok = True
+    if "memory" in r:
+        print(f"\n== Memory: tooltap RSS around one {a.big_mb} MB response, MB ==")
+        rows = []
+        for kind, m in r["memory"].items():
+            mb = lambda kb: kb / 1024 if kb is not None else float("nan")
+            inc_after = mb(m["rss_after_kb"] - m["rss_before_kb"])
+            inc_peak = mb(max(m["rss_peak_sampled_kb"], m["vmhwm_kb"] or 0) - m["rss_before_kb"])
+            m["increase_after_mb"], m["increase_peak_mb"] = inc_after, inc_peak
+            mem_ok &= inc_peak < 0.25 * m["bytes"] / 2**20 and m["stored"]
+            rows.append([kind, f"{m['bytes'] / 2**20:.1f}", f(mb(m["rss_before_kb"])),
+                         f(mb(m["rss_peak_sampled_kb"])), f(mb(m["vmhwm_kb"])), f(mb(m["rss_after_kb"])),
+                         f(inc_peak), f(inc_after), f"{m['seconds']:.2f}/{m['direct_seconds']:.2f}",
+                         f"{m['stored_after_s']:.2f}"])
+        print(table(rows, ["stream", "size", "RSS before", "peak sampled", "VmHWM", "RSS after", "+peak",
+                           "+after", "s tooltap/direct", "stored +s"]))
+
+    t = {
+        "added_ttfb_ms_c1": added_ttfb, "added_ttfb_ok": added_ttfb <= TARGET_ADDED_TTFB_MS,
+        "throughput_ratio": ratio, "throughput_ok": ratio >= TARGET_THROUGHPUT_RATIO,
+        "memory_ok": mem_ok,
+    }
+    t["all_met"] = t["added_ttfb_ok"] and t["throughput_ok"] and t["memory_ok"]
+    r["targets"] = t
+    ok = lambda b: "MET" if b else "NOT MET"
+    print("\n== Targets ==")
+    print(f"median added TTFB at c=1   {added_ttfb:6.2f} ms   (<= {TARGET_ADDED_TTFB_MS} ms)  {ok(t['added_ttfb_ok'])}")
+    print(f"throughput tooltap/direct  {ratio:6.2f}      (>= {TARGET_THROUGHPUT_RATIO})     {ok(t['throughput_ok'])}")
+    if "memory" in r:
+        print(f"memory growth {a.big_mb} MB stream  peak +{max(m['increase_peak_mb'] for m in r['memory'].values()):.1f} MB"
+              f"  (far below {a.big_mb} MB: < 25%)  {ok(mem_ok)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""tooltap with parts switched off, to see where its overhead goes (diagnostics only; the
+real benchmark runs `tooltap serve`). Serves exactly as `tooltap serve` does otherwise.
+
+    python bench/variant.py --upstream URL --db PATH --port N [--sink drop] [--no-capture]
+                            [--switch-interval SECONDS]
+
+  --sink drop         turns are dropped instead of queued for the writer thread: no
+                      database work at all (forwarding + capture only)
+  --no-capture        Capture.feed does nothing: no copy, hash, timeline, SSE decoding
+  --switch-interval   sys.setswitchinterval (the GIL hand-off period, default 0.005)
+
+overhead.py runs it with --variant "ARGS".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class DropWriter:
+    """Stands in for proxy.store.writer.Writer: takes turns and forgets them."""
+
+    written = spooled = 0
+
+    def start(self) -> None: ...
+
+    def close(self, timeout: float = 0) -> None: ...
+
+    def flush(self, timeout: float = 0) -> None: ...
+
+    def submit(self, record) -> None:
+        record.release()
+        self.written += 1
+
+
+def main() -> None:
+    import uvicorn
+
+    from proxy import capture
+    from proxy.app import TooltapApp
+    from proxy.config import Settings, Upstream
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--upstream", required=True)
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--sink", choices=["writer", "drop"], default="writer")
+    ap.add_argument("--no-capture", action="store_true")
+    ap.add_argument("--switch-interval", type=float)
+    a = ap.parse_args()
+    if a.switch_interval:
+        sys.setswitchinterval(a.switch_interval)
+    if a.no_capture:
+        capture.Capture.feed = lambda self, chunk: None
+    settings = Settings(upstreams=(Upstream.parse(a.upstream),), db_url=a.db)
+    app = TooltapApp(settings, writer=DropWriter() if a.sink == "drop" else None)
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, access_log=False,
+                server_header=False, date_header=False, timeout_graceful_shutdown=3)
+
+
+if __name__ == "__main__":
+    main()

@@ -34,7 +34,6 @@ def main(out: Path = ROOT / "docs") -> None:
         page.wait_for_selector("text=weather › get_forecast")
         page.locator("#turn-3").scroll_into_view_if_needed()
         page.screenshot(path=out / "inspector-session.png")
-        page.screenshot(path=out / "inspector-session-full.png", full_page=True)
 
         page.goto(page.url + "/tools")
         page.screenshot(path=out / "inspector-tools.png")

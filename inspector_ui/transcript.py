@@ -46,7 +46,7 @@ def session_view(reader: Reader, session_id: str) -> dict | None:
                 v["system"]["show"] = v["system"]["first"] or v["system"]["changed"]
                 last_system = sys_hash
             siblings = children[t.parent_id]
-            v["branch"] = _branch(t, siblings, turns)
+            v["branch"] = _branch(t, siblings)
             views.append(v)
         return {**session_json(s), "turn_views": views, "chart": chart(views)}
 
@@ -60,13 +60,14 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         parent = db.get(Turn, t.parent_id) if t.parent_id else None
         v = turn_view(db, reader, t, _calls(db, [t.id]).get(t.id, []), parent, {})
         if v["system"]:
-            prev = parent and _chain(db, parent)[:1]
-            v["system"]["changed"] = bool(prev) and prev[0] != v["system"]["hash"]
+            blobs: dict[str, Any] = {}
+            prev = _system(db, reader, parent, _chain(db, parent), blobs) if parent else None
+            v["system"]["changed"] = prev is not None and prev["hash"] != v["system"]["hash"]
             v["system"]["first"] = parent is None
             v["system"]["show"] = v["system"]["first"] or v["system"]["changed"]
         siblings = db.exec(select(Turn.id).where(Turn.parent_id == t.parent_id, Turn.session_id == t.session_id)
                            .order_by(Turn.id)).all()
-        v["branch"] = _branch(t, list(siblings), None)
+        v["branch"] = _branch(t, list(siblings))
         return v
 
 
@@ -83,7 +84,7 @@ def _chain(db: DB, t: Turn) -> list[str]:
     return [] if t.chain_hash is None else [r[0] for r in db.exec(CHAIN_QUERY, params={"h": t.chain_hash})]
 
 
-def _branch(t: Turn, siblings: list[int], turns) -> dict | None:
+def _branch(t: Turn, siblings: list[int]) -> dict | None:
     """A turn whose parent already had an earlier child is a retry or an edit."""
     if t.parent_id is None or len(siblings) < 2:
         return None
@@ -101,13 +102,7 @@ def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn |
     api = apis.by_name(t.api)
     summary = turn_summary(t, [c["name"] for c in calls])
     hashes = _chain(db, t)
-    system = None
-    if t.system_hash is not None:
-        system = {"hash": t.system_hash, "text": transcript._text(blob(t.system_hash))}
-    elif hashes:
-        first = blob(hashes[0])
-        if isinstance(first, dict) and first.get("role") in ("system", "developer"):
-            system = {"hash": hashes[0], "text": transcript._text(first.get("content"))}
+    system = _system(db, reader, t, hashes, blobs)
     start = parent.message_count if parent is not None and parent.message_count <= len(hashes) else 0
     new_hashes = [h for h in hashes[start:] if not (system and h == system["hash"])]
     new_messages = [blob(h) for h in new_hashes]
@@ -125,6 +120,24 @@ def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn |
         "decoding": decoding,
         "stream_error": t.stream_error,
     }
+
+
+def _system(db: DB, reader: Reader, t: Turn, hashes: list[str], blobs: dict[str, Any]) -> dict | None:
+    """The turn's system prompt and the hash that identifies it: a blob of its own where
+    the API keeps it outside the messages (Anthropic, Gemini, Responses), else the first
+    message when its role is system or developer (OpenAI chat)."""
+    def blob(h: str) -> Any:
+        if h not in blobs:
+            blobs[h] = reader.blob(db, h)
+        return blobs[h]
+
+    if t.system_hash is not None:
+        return {"hash": t.system_hash, "text": transcript._text(blob(t.system_hash))}
+    if hashes:
+        first = blob(hashes[0])
+        if isinstance(first, dict) and first.get("role") in ("system", "developer"):
+            return {"hash": hashes[0], "text": transcript._text(first.get("content"))}
+    return None
 
 
 def reader_response(t: Turn) -> Any:
@@ -247,7 +260,7 @@ def chart(views: list[dict]) -> dict | None:
     step = (CHART_W - 2 * PAD) / n
     max_tok = max([(v["tokens_in"] or 0) + (v["tokens_out"] or 0) for v in views] + [1])
     max_ms = max([v["duration_ms"] or 0 for v in views] + [1])
-    usable = CHART_H - 2 * PAD / 2
+    usable = CHART_H - PAD  # bars stand on a baseline PAD/2 above the bottom, PAD/2 headroom
     bars, total_pts, ttft_pts = [], [], []
     for i, v in enumerate(views):
         x = PAD + i * step

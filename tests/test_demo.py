@@ -1,0 +1,50 @@
+"""`tooltap demo` and the serve options it shares: scenarios land as expected sessions, the
+inspector refuses to face a network without a token."""
+
+from __future__ import annotations
+
+import httpx
+from click.testing import CliRunner
+
+from proxy import demo
+from proxy.cli import main
+
+
+def test_demo_plays_every_scenario_through_tooltap(tmp_path):
+    with demo.running(db_url=f"sqlite:///{tmp_path}/demo.db") as d:
+        d.play_all()
+        sessions = httpx.get(d.url + "/_tooltap/api/sessions").json()["sessions"]
+        by_model = {s["models"][0]: s for s in sessions}
+        assert set(by_model) == {"deepseek-chat", "gpt-4.1-mini", "claude-sonnet-4-5", "qwen3-coder"}
+        assert by_model["deepseek-chat"]["turns"] == 4 and by_model["deepseek-chat"]["tool_calls"] == 3
+        assert by_model["gpt-4.1-mini"]["tool_calls"] == 2
+        statuses = {t["model"]: t["status"] for t in httpx.get(d.url + "/_tooltap/api/turns").json()["turns"]}
+        assert statuses["claude-sonnet-4-5"] == "upstream_error"
+        assert statuses["qwen3-coder"] == "upstream_aborted"
+        parallel = httpx.get(f"{d.url}/_tooltap/api/sessions/{by_model['gpt-4.1-mini']['id']}").json()
+        calls = httpx.get(f"{d.url}/_tooltap/api/turns/{parallel['turns'][0]['id']}").json()["tool_calls"]
+        assert [c["arguments"]["city"] for c in calls] == ["Paris", "Tokyo"]
+        assert calls[1]["violations"]  # "kelvin" is not in the enum
+        page = httpx.get(d.inspector)
+        assert page.status_code == 200 and "华盛顿明天天气如何？" in page.text
+
+
+def test_slow_haiku_streams(tmp_path):
+    with demo.running(db_url=f"sqlite:///{tmp_path}/demo.db") as d:
+        assert d.play(demo.slow_haiku(delay=0.01)) == [200]
+
+
+def test_serve_and_demo_refuse_a_public_host_without_a_token(monkeypatch):
+    monkeypatch.delenv("TOOLTAP_UI_TOKEN", raising=False)
+    runner = CliRunner()
+    for args in (["serve", "--upstream", "http://127.0.0.1:9", "--host", "0.0.0.0"],
+                 ["demo", "--host", "192.168.1.10"]):
+        r = runner.invoke(main, args)
+        assert r.exit_code == 2 and "--ui-token" in r.output, r.output
+
+
+def test_loopback_hosts():
+    from proxy.cli import _is_loopback
+
+    assert all(_is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.1.2.3"))
+    assert not any(_is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))

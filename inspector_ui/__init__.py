@@ -14,7 +14,7 @@ STATIC = Path(__file__).parent / "static"
 
 
 def create_inspector(tooltap, lifespan=None) -> FastAPI:
-    from . import api, live, pages
+    from . import api, live, pages, schemas_page
     from .queries import Queries
     from .security import Guard
 
@@ -26,6 +26,7 @@ def create_inspector(tooltap, lifespan=None) -> FastAPI:
     app.include_router(live.router, prefix="/_tooltap/api")
     app.include_router(api.router, prefix="/_tooltap/api")
     app.include_router(pages.router, prefix="/_tooltap")
+    app.include_router(schemas_page.router, prefix="/_tooltap")
     app.mount("/_tooltap/static", StaticFiles(directory=str(STATIC)), name="static")
     # Outermost: every response (pages, API, live, static, errors) gets the headers and
     # the token check.

@@ -189,3 +189,10 @@ def test_filters_on_many(many):
     ids = [int(s["id"][1:]) for s in page.sessions]
     assert ids and all(i % 7 == 0 and i % 2 == 1 for i in ids)
     assert len(ids) == len([i for i in range(10_000) if i % 7 == 0 and i % 2 == 1])
+
+
+def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):
+    html = get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:3"}).text
+    assert "0 breaking</b> of 0 changes" in html and "15 unchanged" in html
+    assert "cIya4J0mcp0get_forecast" in html and "gemini" in html
+    assert get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:99"}).status_code == 200

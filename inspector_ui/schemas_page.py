@@ -1,0 +1,50 @@
+"""`/_tooltap/schemas`: two stored tool sets side by side, their semantic diff, and what
+each provider's format would lose from the second one (proxy.schemas does the work)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from proxy.schemas.convert import TARGETS, convert_tools
+from proxy.schemas.diff import diff_toolsets
+from proxy.schemas.sources import SourceError, from_db
+
+router = APIRouter()
+
+
+def _load(source: str, db_url: str):
+    try:
+        return from_db(source, db_url), None
+    except SourceError as exc:
+        return None, str(exc)
+
+
+@router.get("/schemas")
+def schemas(request: Request, a: str = "", b: str = ""):
+    from .pages import templates
+
+    reader = request.app.state.reader
+    db_url = request.app.state.tooltap.settings.db_url
+    sets = reader.tool_sets()
+    choices = [{"value": f"turn:{s['turn_id']}",
+                "label": f"turn {s['turn_id']} · {s['model'] or '?'} · {s['tool_count']} tools · "
+                         f"session {s['session_id']} · {s['seen_at']}"} for s in sets]
+    if not a and len(choices) >= 2:
+        a, b = choices[-2]["value"], choices[-1]["value"]
+    ctx = {"choices": choices, "a": a, "b": b, "errors": [], "diff": None}
+    if a and b:
+        left, err_a = _load(a, db_url)
+        right, err_b = _load(b, db_url)
+        ctx["errors"] = [e for e in (err_a, err_b) if e]
+        if left and right:
+            diff = diff_toolsets(left.tools, right.tools)
+            status = {t["name"]: t for t in diff["tools"]}
+            for t in diff["tools"]:
+                if t.get("from"):
+                    status.setdefault(t["from"], t)
+            losses = {}
+            for target in TARGETS:
+                _, lost = convert_tools(right.tools, target)
+                losses[target] = [x.to_dict() for x in lost]
+            ctx.update(diff=diff, left=left, right=right, status=status, losses=losses)
+    return templates.TemplateResponse(request, "schemas.html", ctx)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-import httpx
-
 from .config import RESERVED_PREFIX, Settings
-from .forward import Forwarder, UpstreamAborted
+from .forward import Forwarder, UpstreamAborted, make_client
 from .live import LiveHub
 from .store.writer import Writer
 
@@ -25,27 +23,19 @@ class TooltapApp:
         self.settings = settings
         self.live = LiveHub()
         self.writer = writer or Writer(settings.db_url, spool_path=settings.spool_file(), live=self.live)
-        self.client: httpx.AsyncClient | None = None
+        self.client = None
         self.forwarder: Forwarder | None = None
         self.inspector = create_inspector(self, lifespan=self._lifespan)
 
     @asynccontextmanager
     async def _lifespan(self, _app):
         self.writer.start()
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                connect=self.settings.connect_timeout, read=self.settings.read_timeout,
-                write=60.0, pool=None,
-            ),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self.client = make_client(self.settings)
         self.forwarder = Forwarder(self.settings, self.client, self.writer.submit, self.live)
         try:
             yield
         finally:
-            await self.client.aclose()
+            await self.client.close()
             self.writer.close()
 
     async def __call__(self, scope, receive, send):

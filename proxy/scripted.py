@@ -20,6 +20,7 @@ class Reply:
     headers: list[tuple[str, str]] = field(default_factory=list)
     chunks: list[bytes] = field(default_factory=list)
     delay: float = 0.0  # seconds before each chunk
+    wait: float = 0.0  # seconds before the status line: a model thinking, or a hung upstream
     drop_after: int | None = None  # drop the connection after this many chunks
 
     @classmethod
@@ -88,6 +89,8 @@ class ScriptedUpstream:
                        body, scope.get("raw_path") or b"")
         self.received.append(req)
         reply = self._reply(req)
+        if reply.wait:
+            await asyncio.sleep(reply.wait)
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         self.finished.append(False)

@@ -254,11 +254,11 @@ def test_path_encoding_and_odd_header_bytes_pass_through(tooltap, upstream):
                                                [b"fine"])
     with httpx.Client() as client:
         r = client.get(f"{tooltap.url}/v1/files/a%2Fb%20c",
-                       headers=[(b"x-latin", "caf\u00e9".encode("latin-1"))])
+                       headers=[(b"x-utf8", "café ✓".encode())])
     got = upstream.received[-1]
     assert r.content == b"fine" and (b"x-odd", "café".encode("latin-1")) in r.headers.raw
     assert got.raw_path == b"/v1/files/a%2Fb%20c"  # as the agent encoded it, not re-encoded
-    assert got.header("x-latin") == "café"  # the byte 0xE9 arrived as sent
+    assert got.header("x-utf8").encode("latin-1") == "café ✓".encode()  # the bytes arrived as sent
 
 
 def test_text_path_tool_calls_are_listed(tooltap, upstream):

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-30 04:22:16.662314
+Create Date: 2026-11-30 04:51:09.404941
 """
 from alembic import op
 import sqlalchemy as sa
@@ -45,6 +45,7 @@ def upgrade() -> None:
     sa.Column('output_tokens', sa.Integer(), nullable=False),
     sa.Column('errors', sa.Integer(), nullable=False),
     sa.Column('models', sa.JSON(none_as_null=True), nullable=False),
+    sa.Column('uids', sa.JSON(none_as_null=True), nullable=True),
     sa.PrimaryKeyConstraint('id')
     )
     with op.batch_alter_table('sessions', schema=None) as batch_op:

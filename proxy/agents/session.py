@@ -42,10 +42,11 @@ class _Turn:
             return None
 
 
-def decode_session(turns: list[TurnInput]) -> SessionDecoding:
+def decode_session(turns: list[TurnInput], known_uids: dict[str, str] | None = None) -> SessionDecoding:
     """Decode a session's turns (in arrival order). Deterministic: the same turns give
-    the same decoding, live or in `tooltap redecode`."""
-    uids: dict[str, str] = {}  # shared by every view, filled before names decode
+    the same decoding, live or in `tooltap redecode`. `known_uids` carries Cline uids
+    already resolved in this session when only some of its turns are passed."""
+    uids: dict[str, str] = dict(known_uids or {})  # shared by every view, filled before names decode
     work = [_Turn(t, uids) for t in turns]
     # Branches (retries, edits) share a parent: the first child in arrival order answers.
     children: dict[int, _Turn] = {}

@@ -7,15 +7,23 @@ import json
 import zlib
 from typing import Any
 
+import orjson  # every message of every request is serialized here: 5-10x the stdlib's speed
+
 
 def canonical(obj: Any) -> bytes:
     """One byte string per JSON value, whatever its key order or spacing."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # integers beyond 64 bits: the stdlib writes them exactly
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def compact(obj: Any) -> bytes:
     """How a value is stored: compact, key order kept as sent."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def digest(data: bytes) -> str:
@@ -40,6 +48,7 @@ def pack(obj: Any) -> bytes:
 
 
 def unpack(data: bytes | None) -> Any:
+    # The stdlib reads integers beyond 64 bits exactly; orjson would turn them into floats.
     return None if data is None else json.loads(zlib.decompress(data))
 
 

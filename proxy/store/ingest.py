@@ -16,6 +16,7 @@ from .models import Blob, ChainNode, Session, ToolCallRow, Turn
 from .threading import place
 
 TITLE_MAX = 200
+JSON_MAX = 32 << 20  # a bigger body is stored raw, not parsed: it would cost its size many times over
 
 
 def parse_json(data: bytes) -> Any:
@@ -121,13 +122,17 @@ class Ingestor:
             return rec.response, None
         if rec.stream or not rec.raw_size:
             return None, None
+        ctype = _header(rec.response_headers, "content-type") or ""
+        if "json" not in ctype:
+            return None, None  # a file, an image, HTML: kept raw only
+        if rec.raw_size > JSON_MAX:
+            return None, f"response body: {rec.raw_size} bytes, too large to parse (kept raw)"
         try:
             body = decompress(rec.raw_bytes(), _header(rec.response_headers, "content-encoding"))
         except Exception as exc:
             return None, f"response body: cannot decompress ({exc})"
         parsed = parse_json(body)
-        ctype = _header(rec.response_headers, "content-type") or ""
-        if parsed is None and "json" in ctype:
+        if parsed is None:
             return None, "response body: not valid JSON (kept raw)"
         return parsed, None
 

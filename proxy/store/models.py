@@ -47,6 +47,7 @@ class Session(SQLModel, table=True):
     output_tokens: int = 0
     errors: int = 0
     models: list[str] = Field(default_factory=list, sa_column=Column(_JSON, nullable=False))
+    uids: dict[str, str] | None = Field(default=None, sa_column=Column(_JSON))  # Cline uid -> MCP server
 
 
 class Turn(SQLModel, table=True):

@@ -20,7 +20,7 @@ from sqlmodel import Session as DB
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
-from .decoding import BlobCache, decode_sessions
+from .decoding import BlobCache, decode_new_turns
 from .ingest import Ingestor
 from .spool import Spool
 
@@ -119,7 +119,7 @@ class Writer:
         try:
             with DB(self.engine) as db:
                 turns = [self._ingestor.add(db, r) for r in records]
-                decode_sessions(db, {t.session_id for t in turns}, self._blobs)
+                decode_new_turns(db, turns, self._blobs)
                 db.commit()
                 stored = [{"type": "turn_stored", "turn_id": t.id, "session_id": t.session_id,
                            "live_id": r.live_id} for t, r in zip(turns, records)]

@@ -2,9 +2,11 @@
 
 The forwarder calls `feed()` with each network chunk *after* it has been written to the
 client. Feeding keeps the exact bytes (in memory up to a limit, then in a temporary file,
-so a long stream costs flat memory), their sha256, a timeline of chunk arrivals, and for
-event streams the incremental decode and assembly. `finish()` returns a `TurnRecord`:
-plain data that the store's writer thread turns into rows, off the request path.
+so a long stream costs flat memory), their sha256 and a timeline of chunk arrivals.
+`finish()` returns a `TurnRecord`: plain data that the store's writer thread turns into
+rows, off the request path. Decoding an event stream into the provider's non-streaming
+response (`StreamAssembly`) waits for the writer too, unless someone watches the turn
+live in the inspector: then it runs as the chunks pass, to show the text growing.
 """
 
 from __future__ import annotations
@@ -100,7 +102,72 @@ def decompress(data: bytes, encoding: str | None) -> bytes:
     return _Decompressor(encoding)(data)
 
 
+class StreamAssembly:
+    """An event stream's bytes in, the provider's non-streaming response out: undo the
+    content encoding, decode SSE, feed the wire API's assembler. Never raises: what cannot
+    be decoded is reported in `error` and the raw bytes stay the record."""
+
+    def __init__(self, api: apis.WireAPI, content_encoding: str | None) -> None:
+        self.api = api
+        self.error: str | None = None
+        self._sse: SSEDecoder | None = SSEDecoder()
+        self._assembler = api.new_assembler()
+        self._decompress = None
+        if content_encoding and content_encoding != "identity":
+            try:
+                self._decompress = _Decompressor(content_encoding)
+            except Exception as exc:
+                self._fail(exc)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._sse is None:
+            return
+        try:
+            for event in self._sse.feed(self._decompress(chunk) if self._decompress else chunk):
+                self._assembler.feed(event)
+        except Exception as exc:
+            self._fail(exc)
+
+    def text(self) -> str:
+        return self.api.text(self._assembler.result())
+
+    def finish(self, rec: "TurnRecord") -> None:
+        """Close the stream and put the response (and any mid-stream error) on `rec`."""
+        if self._sse is not None:
+            try:
+                for event in self._sse.close():
+                    self._assembler.feed(event)
+            except Exception as exc:
+                self._fail(exc)
+        try:
+            rec.response = self._assembler.result()
+            rec.stream_error = self._assembler.error
+            rec.unparsed_events = len(getattr(self._assembler, "unparsed", ()) or ())
+        except Exception as exc:
+            self._fail(exc)
+        if self.error:
+            rec.error = f"{rec.error}; {self.error}" if rec.error else self.error
+
+    def _fail(self, exc: Exception) -> None:
+        self.error = f"capture: {type(exc).__name__}: {exc}"
+        self._sse = None
+
+
+def assemble(rec: "TurnRecord", api: apis.WireAPI, content_encoding: str | None) -> None:
+    """Assemble a recorded stream after the fact, from its raw bytes (the writer does
+    this for every stream nobody watched live)."""
+    assembly = StreamAssembly(api, content_encoding)
+    for chunk in rec.iter_raw(64 * 1024):
+        assembly.feed(chunk)
+    assembly.finish(rec)
+    if rec.stream_error and rec.status == "ok":
+        rec.status = "upstream_error"
+
+
 class Capture:
+    """What the hot path keeps while a response passes: cheap work per chunk only.
+    Assembly waits for the writer, unless someone watches the turn live."""
+
     def __init__(self, record: TurnRecord, api: apis.WireAPI | None, live: LiveHub | None = None) -> None:
         self.record = record
         self.api = api
@@ -110,9 +177,7 @@ class Capture:
         self._raw = tempfile.SpooledTemporaryFile(max_size=RAW_IN_MEMORY)
         self._sha = hashlib.sha256()
         self._size = 0
-        self._sse: SSEDecoder | None = None
-        self._assembler = None
-        self._decompress: _Decompressor | None = None
+        self._assembly: StreamAssembly | None = None  # only while watched live
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self._t0) * 1000
@@ -123,16 +188,10 @@ class Capture:
         rec.http_status = status
         rec.response_headers = headers
         rec.stream = content_type.startswith("text/event-stream")
-        if rec.stream and self.api is not None:
-            try:
-                if content_encoding and content_encoding != "identity":
-                    self._decompress = _Decompressor(content_encoding)
-                self._sse = SSEDecoder()
-                self._assembler = self.api.new_assembler()
-            except Exception as exc:  # an unknown encoding: keep the raw bytes, skip assembly
-                rec.error = f"capture: {exc}"
         if self.live is not None and self.live.watched:
             rec.live_id = self.live.new_id()
+            if rec.stream and self.api is not None:
+                self._assembly = StreamAssembly(self.api, content_encoding)
             self.live.publish({"type": "turn_started", "live_id": rec.live_id, "path": rec.path,
                                "api": rec.api, "method": rec.method, "http_status": status,
                                "stream": rec.stream})
@@ -146,46 +205,19 @@ class Capture:
         self._raw.write(chunk)
         self._sha.update(chunk)
         self._size += len(chunk)
-        if self._sse is not None:
-            try:
-                data = self._decompress(chunk) if self._decompress else chunk
-                for event in self._sse.feed(data):
-                    self._assembler.feed(event)
-            except Exception as exc:  # capture must never break the stream
-                self._fail(exc)
-            else:
-                if rec.live_id is not None and self.live.watched:
-                    self._publish_growth()
-
-    def _publish_growth(self) -> None:
-        now = time.perf_counter()
-        if now - self._last_live < GROW_SECONDS:
-            return
-        self._last_live = now
-        text = self.api.text(self._assembler.result())
-        self.live.publish({"type": "turn_growing", "live_id": self.record.live_id, "text": text,
-                           "bytes": self._size})
-
-    def _fail(self, exc: Exception) -> None:
-        self.record.error = f"capture: {type(exc).__name__}: {exc}"
-        self._sse = None
+        if self._assembly is not None:
+            self._assembly.feed(chunk)
+            now = time.perf_counter()
+            if now - self._last_live >= GROW_SECONDS and self.live.watched:
+                self._last_live = now
+                self.live.publish({"type": "turn_growing", "live_id": rec.live_id,
+                                   "text": self._assembly.text(), "bytes": self._size})
 
     def finish(self, status: str | None = None, error: str | None = None) -> TurnRecord:
         rec = self.record
         rec.duration_ms = self.elapsed_ms()
-        if self._sse is not None:
-            try:
-                for event in self._sse.close():
-                    self._assembler.feed(event)
-            except Exception as exc:
-                self._fail(exc)
-        if self._assembler is not None:
-            try:
-                rec.response = self._assembler.result()
-                rec.stream_error = self._assembler.error
-                rec.unparsed_events = len(getattr(self._assembler, "unparsed", ()) or ())
-            except Exception as exc:
-                self._fail(exc)
+        if self._assembly is not None:
+            self._assembly.finish(rec)
         if error:
             rec.error = error if not rec.error else f"{error}; {rec.error}"
         if status:

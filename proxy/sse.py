@@ -10,11 +10,10 @@ dispatched by `close()`: llama.cpp ends its streams that way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):  # a tuple: cheap to build, one per event on every stream
     data: str
     event: str = "message"
     id: str | None = None

@@ -276,3 +276,19 @@ def test_text_path_tool_calls_are_listed(tooltap, upstream):
     assert call["source"] == "text" and call["name"] == "read_file"
     assert call["arguments"]["path"] == "src/app.py"
     assert (call["task_progress"]["done"], call["task_progress"]["total"]) == (1, 2)
+
+
+def test_gzip_event_stream_is_assembled_after_the_fact(tooltap, upstream):
+    import gzip
+
+    stream = cline_turn(2)["sse"]
+    packed = gzip.compress(stream)
+    upstream.routes["/chat/completions"] = Reply(
+        200, [("content-type", "text/event-stream"), ("content-encoding", "gzip")],
+        [packed[i:i + 100] for i in range(0, len(packed), 100)])
+    with httpx.Client() as client:
+        with client.stream("POST", f"{tooltap.url}/chat/completions", content=cline_turn(2)["request"],
+                           headers={"accept-encoding": "gzip"}) as r:
+            assert b"".join(r.iter_raw()) == packed
+    turn = tooltap.api(f"/turns/{tooltap.api('/turns')['turns'][0]['id']}")
+    assert turn["stream"] is True and turn["response"] == cline_turn(2)["expected"]

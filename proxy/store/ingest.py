@@ -10,7 +10,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session as DB
 
 from .. import apis
-from ..capture import TurnRecord, decompress
+from ..capture import TurnRecord, assemble, decompress
 from . import content
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
 from .threading import place
@@ -59,7 +59,7 @@ class Ingestor:
     def add(self, db: DB, rec: TurnRecord) -> Turn:
         api = apis.by_name(rec.api)
         request = parse_json(rec.request_body)
-        response, response_note = self._response(rec)
+        response, response_note = self._response(rec, api)
         turn = Turn(
             session_id="", api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream,
             http_status=rec.http_status, status=rec.status, stream=rec.stream,
@@ -116,8 +116,10 @@ class Ingestor:
         self._update_session(db, turn, request, placement.new_session)
         return turn
 
-    def _response(self, rec: TurnRecord) -> tuple[Any, str | None]:
+    def _response(self, rec: TurnRecord, api) -> tuple[Any, str | None]:
         """The response as JSON: assembled from the stream, or the body parsed."""
+        if rec.stream and rec.response is None and api is not None and rec.raw_size:
+            assemble(rec, api, _header(rec.response_headers, "content-encoding"))
         if rec.response is not None:
             return rec.response, None
         if rec.stream or not rec.raw_size:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..sse import Event
 from . import register
-from .base import RequestKeys, ToolCall, WireAPIBase
+from .base import RequestKeys, ToolCall, WireAPIBase, event_json
 
 # Blocks whose `input` arrives as `input_json_delta` fragments and that are tool calls.
 TOOL_USE_TYPES = ("tool_use", "server_tool_use", "mcp_tool_use")
@@ -76,11 +76,8 @@ class MessagesAssembler:
         self._usage: dict[str, Any] = {}
 
     def feed(self, event: Event) -> None:
-        try:
-            payload = json.loads(event.data)
-        except ValueError:
-            return  # not JSON: nothing this API defines
-        if not isinstance(payload, dict):
+        payload = event_json(event.data)  # tool input streams as partial_json strings
+        if not isinstance(payload, dict):  # not JSON: nothing this API defines
             return
         kind = payload.get("type") or event.event
         handler = _HANDLERS.get(kind)

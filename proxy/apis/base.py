@@ -11,6 +11,8 @@ the tool calls, the usage). Adding a provider is adding one such module to
 from __future__ import annotations
 
 import json
+
+import orjson
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,6 +74,16 @@ class Assembler(Protocol):
 
     # A mid-stream error payload, if the stream carried one (HTTP status was still 200).
     error: dict[str, Any] | None
+
+
+def event_json(data: str) -> Any:
+    """An event's JSON payload, or None. orjson: this runs once per event of every stream.
+    Only for envelopes whose tool arguments arrive as strings: orjson reads integers
+    beyond 64 bits as floats, which must never happen to a tool call's arguments."""
+    try:
+        return orjson.loads(data)
+    except ValueError:
+        return None
 
 
 class WireAPIBase:

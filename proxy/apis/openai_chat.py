@@ -13,7 +13,7 @@ from typing import Any
 
 from ..sse import Event
 from . import register
-from .base import RequestKeys, ToolCall, WireAPIBase
+from .base import RequestKeys, ToolCall, WireAPIBase, event_json
 
 # Delta fields that are text streamed in pieces. A field is kept on the message only if
 # some delta carried it, so each provider's own shape comes back (DeepSeek sends no
@@ -210,10 +210,7 @@ class ChatAssembler:
         if data.strip() == "[DONE]":
             self.done = True
             return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            chunk = None
+        chunk = event_json(data)
         if not isinstance(chunk, dict):
             self.unparsed.append(data)
             return

@@ -10,12 +10,11 @@ unfinished ones from `response.output_item.added` and the deltas received since.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..sse import Event
 from . import register
-from .base import RequestKeys, ToolCall, WireAPIBase
+from .base import RequestKeys, ToolCall, WireAPIBase, event_json
 
 
 class _Piece:
@@ -105,10 +104,7 @@ class ResponsesAssembler:
         self._done: dict[int, dict[str, Any]] = {}
 
     def feed(self, event: Event) -> None:
-        try:
-            payload = json.loads(event.data)
-        except ValueError:
-            return
+        payload = event_json(event.data)
         if not isinstance(payload, dict):
             return
         kind = payload.get("type") or event.event

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
@@ -33,6 +34,16 @@ def _header(headers: list[list[str]], name: str) -> str | None:
     return next((v for k, v in headers if k.lower() == name), None)
 
 
+@dataclass
+class Ingested:
+    """A stored turn with what the decoders need, still in memory: no need to read it back."""
+
+    turn: Turn
+    request: dict | None
+    response: Any
+    calls: list[ToolCallRow]
+
+
 class Ingestor:
     """Writes turns; remembers which blobs and chain nodes exist to skip re-inserting them."""
 
@@ -56,7 +67,7 @@ class Ingestor:
         self._put_ignore(db, Blob, list({r["hash"]: r for r in rows}.values()), "hash")
         return hashes
 
-    def add(self, db: DB, rec: TurnRecord) -> Turn:
+    def add(self, db: DB, rec: TurnRecord) -> "Ingested":
         api = apis.by_name(rec.api)
         request = parse_json(rec.request_body)
         response, response_note = self._response(rec, api)
@@ -107,14 +118,14 @@ class Ingestor:
         turn.tool_call_count = len(calls)
         db.add(turn)
         db.flush()  # the id, and visibility to the next turn's threading in this batch
-        for call in calls:
-            db.add(ToolCallRow(
-                turn_id=turn.id, index=call.index, call_id=call.id, name=call.name,
-                arguments_raw=call.arguments_raw, arguments=call.arguments,
-                arguments_error=call.arguments_error, choice=call.choice,
-            ))
+        rows = [ToolCallRow(
+            turn_id=turn.id, index=call.index, call_id=call.id, name=call.name,
+            arguments_raw=call.arguments_raw, arguments=call.arguments,
+            arguments_error=call.arguments_error, choice=call.choice,
+        ) for call in calls]
+        db.add_all(rows)
         self._update_session(db, turn, request, placement.new_session)
-        return turn
+        return Ingested(turn, request if isinstance(request, dict) else None, response, rows)
 
     def _response(self, rec: TurnRecord, api) -> tuple[Any, str | None]:
         """The response as JSON: assembled from the stream, or the body parsed."""

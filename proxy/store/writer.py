@@ -20,7 +20,7 @@ from sqlmodel import Session as DB
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
-from .decoding import BlobCache, decode_new_turns
+from .decoding import BlobCache, RecentTurns, decode_new_turns
 from .ingest import Ingestor
 from .spool import Spool
 
@@ -45,6 +45,7 @@ class Writer:
         self.written = 0  # turns committed, for tests and stats
         self.spooled = 0
         self._blobs = BlobCache()
+        self._recent = RecentTurns()
         self.live = live
 
     def start(self) -> None:
@@ -118,19 +119,19 @@ class Writer:
         """Commit a batch; on a database failure spool it. True if committed."""
         try:
             with DB(self.engine) as db:
-                turns = [self._ingestor.add(db, r) for r in records]
-                decode_new_turns(db, turns, self._blobs)
+                stored = [self._ingestor.add(db, r) for r in records]
+                decode_new_turns(db, stored, self._recent, self._blobs)
                 db.commit()
-                stored = [{"type": "turn_stored", "turn_id": t.id, "session_id": t.session_id,
-                           "live_id": r.live_id} for t, r in zip(turns, records)]
+                events = [{"type": "turn_stored", "turn_id": s.turn.id, "session_id": s.turn.session_id,
+                           "live_id": r.live_id} for s, r in zip(stored, records)]
         except (DBAPIError, OSError) as exc:
-            self._ingestor = Ingestor(self.engine.dialect.name)  # forget the rolled-back hashes
+            self._forget()
             log.warning("database unavailable (%s: %s); %d turn(s) spooled to %s",
                         type(exc).__name__, exc, len(records), self.spool.path)
             self._spool(records, self.spool.append)
             return False
         except Exception:
-            self._ingestor = Ingestor(self.engine.dialect.name)
+            self._forget()
             if len(records) > 1:  # find the one turn that trips the bug; write the others
                 return all([self._write([r]) for r in records])
             log.exception("could not store a turn; kept in %s", self.spool.failed_path)
@@ -140,9 +141,14 @@ class Writer:
         for r in records:
             r.release()
         if self.live is not None:
-            for event in stored:
+            for event in events:
                 self.live.publish_threadsafe(event)
         return True
+
+    def _forget(self) -> None:
+        """After a rollback: what the caches say was written may not have been."""
+        self._ingestor = Ingestor(self.engine.dialect.name)
+        self._recent = RecentTurns()
 
     def _spool(self, records: list[TurnRecord], put: Callable[[list[TurnRecord]], None]) -> None:
         try:

@@ -54,7 +54,9 @@ class Ingestor:
     def _put_ignore(self, db: DB, model, rows: list[dict], key: str) -> None:
         rows = [r for r in rows if r[key] not in self._known]
         if rows:
-            db.exec(self._insert(model).values(rows).on_conflict_do_nothing(index_elements=[key]))
+            # One statement shape for any number of rows (executemany): compiled once.
+            stmt = self._insert(model).on_conflict_do_nothing(index_elements=[key])
+            db.connection().execute(stmt, rows)
             self._known.update(r[key] for r in rows)
 
     def put_blobs(self, db: DB, values: list[Any]) -> list[str]:

@@ -118,8 +118,9 @@ class Writer:
     def _write(self, records: list[TurnRecord]) -> bool:
         """Commit a batch; on a database failure spool it. True if committed."""
         try:
-            with DB(self.engine) as db:
+            with DB(self.engine, autoflush=False) as db:  # ingest flushes where it must
                 stored = [self._ingestor.add(db, r) for r in records]
+                db.flush()
                 decode_new_turns(db, stored, self._recent, self._blobs)
                 db.commit()
                 events = [{"type": "turn_stored", "turn_id": s.turn.id, "session_id": s.turn.session_id,

@@ -175,6 +175,7 @@ class Capture:
         self._last_live = 0.0
         self._t0 = time.perf_counter()
         self._raw = tempfile.SpooledTemporaryFile(max_size=RAW_IN_MEMORY)
+        self._raw_ok = True
         self._sha = hashlib.sha256()
         self._size = 0
         self._assembly: StreamAssembly | None = None  # only while watched live
@@ -197,14 +198,22 @@ class Capture:
                                "stream": rec.stream})
 
     def feed(self, chunk: bytes) -> None:
+        """Never raises: a capture that fails (a full disk) is flagged, the stream goes on."""
         rec = self.record
         if rec.ttft_ms is None:
             rec.ttft_ms = self.elapsed_ms()
         if len(rec.timeline) < TIMELINE_MAX:
             rec.timeline.append([self._size, round(self.elapsed_ms(), 3)])
-        self._raw.write(chunk)
         self._sha.update(chunk)
         self._size += len(chunk)
+        if self._raw_ok:
+            try:
+                self._raw.write(chunk)
+            except OSError as exc:  # the temporary file's disk is full
+                rec.error = f"capture: raw bytes not kept ({exc}); the stream itself was unaffected"
+                self._raw_ok = False
+                self._raw.close()
+                self._raw = tempfile.SpooledTemporaryFile(max_size=RAW_IN_MEMORY)
         if self._assembly is not None:
             self._assembly.feed(chunk)
             now = time.perf_counter()

@@ -111,18 +111,20 @@ class Forwarder:
             return
         upstream, upstream_path = route
         started_at = time.time()
-        body = await _read_body(receive)
+        body, complete = await _read_body(receive)
 
         session_hint = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == SESSION_HEADER), None)
         headers = _text(_strip(scope["headers"], frozenset({b"host", SESSION_HEADER})))
         query = scope.get("query_string", b"").decode("latin-1")
         method = scope["method"]
+        # The path as the agent encoded it (scope["path"] is percent-decoded).
+        raw_path = (scope.get("raw_path") or path.encode()).decode("latin-1")
         api = apis.detect(method, upstream_path)
         capture = Capture(
             TurnRecord(
                 started_at=started_at,
                 method=method,
-                path=path + ("?" + redact_query(query) if query else ""),
+                path=raw_path + ("?" + redact_query(query) if query else ""),
                 upstream=redact_url(upstream.url),
                 request_headers=redact_headers(headers),
                 request_body=body,
@@ -132,27 +134,28 @@ class Forwarder:
             api,
             self.live,
         )
-
-        # The path as the agent encoded it (scope["path"] is percent-decoded).
-        raw_path = scope.get("raw_path") or path.encode()
-        upstream_raw = raw_path[len(upstream.prefix):].decode("latin-1") or "/"
-        url = URL(upstream.url + upstream_raw + ("?" + query if query else ""), encoded=True)
-        try:
-            response = await self.client.request(
-                method, url, headers=headers, data=body, allow_redirects=False,
-                skip_auto_headers=_NO_AUTO_HEADERS,
-            )
-        except _UPSTREAM_ERRORS as exc:
-            cause = _describe(exc)
-            body = _proxy_error_body(cause)
-            capture.response_started(502, [["content-type", "application/json"]], "application/json", None)
-            await _send_raw(send, 502, [(b"content-type", b"application/json")], body)
-            capture.feed(body)
-            self.sink(capture.finish("proxy_error", cause))
+        if not complete:  # a half-sent request must not reach the upstream as if whole
+            self.sink(capture.finish("client_aborted", "the client hung up while sending its request"))
             return
 
+        url = URL(upstream.url + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else ""),
+                  encoded=True)
+        watch = _HangUpWatch(receive)
+        response: aiohttp.ClientResponse | None = None
         status, error = None, None
         try:
+            try:
+                response = await self.client.request(
+                    method, url, headers=headers, data=body or None, allow_redirects=False,
+                    skip_auto_headers=_NO_AUTO_HEADERS,
+                )
+            except _UPSTREAM_ERRORS as exc:
+                status, error = "proxy_error", _describe(exc)
+                error_body = _proxy_error_body(error)
+                capture.response_started(502, [["content-type", "application/json"]], "application/json", None)
+                await _send_raw(send, 502, [(b"content-type", b"application/json")], error_body)
+                capture.feed(error_body)
+                return
             resp_headers = _strip(list(response.raw_headers))
             capture.response_started(
                 response.status,
@@ -161,15 +164,23 @@ class Forwarder:
                 response.headers.get("content-encoding"),
             )
             await send({"type": "http.response.start", "status": response.status, "headers": resp_headers})
-            status, error = await _pump(response, capture, receive, send)
-        except asyncio.CancelledError:  # server shutting down mid-stream
-            status, error = "proxy_error", "tooltap shut down during the response"
+            status, error = await _pump(response, capture, send)
+        except asyncio.CancelledError:
+            if not watch.hung_up:  # the server is shutting down mid-stream
+                status, error = "proxy_error", "tooltap shut down during the response"
+                raise
+            asyncio.current_task().uncancel()
+            status, error = "client_aborted", "the client closed the connection"
+        except Exception as exc:  # a bug must not lose the turn; the server drops the connection
+            status, error = "proxy_error", f"tooltap: {type(exc).__name__}: {exc}"
             raise
         finally:
-            if status is None:
-                response.release()  # read to the end: the connection goes back to the pool
-            else:
-                response.close()  # cut short: close it, so the upstream stops generating
+            watch.stop()
+            if response is not None:
+                if status is None:
+                    response.release()  # read to the end: the connection goes back to the pool
+                else:
+                    response.close()  # cut short: close it, so the upstream stops generating
             self.sink(capture.finish(status, error))
         if status == "upstream_aborted":
             raise UpstreamAborted(error)
@@ -181,43 +192,43 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-async def _pump(response: aiohttp.ClientResponse, capture: Capture, receive, send) -> tuple[str | None, str | None]:
-    """Copy the body to the client as it arrives, one write per upstream read. A watcher
-    cancels the copy the moment the client hangs up, so the upstream connection is closed
-    at once. Returns (status, error) for anything but a normal end."""
-    pump = asyncio.current_task()
-    hung_up = False
+class _HangUpWatch:
+    """Cancels the request's task the moment the client hangs up, whatever it is waiting
+    for (the upstream's headers or its next chunk), so the upstream connection is closed
+    at once and no one pays for a generation nobody reads."""
 
-    async def watch() -> None:
-        nonlocal hung_up
+    def __init__(self, receive) -> None:
+        self.hung_up = False
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive) -> None:
         await _wait_disconnect(receive)
-        hung_up = True
-        pump.cancel()
+        self.hung_up = True
+        self._task.cancel()
 
-    watcher = asyncio.create_task(watch())
-    try:
-        chunks = response.content.iter_any()
-        while True:
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except _UPSTREAM_ERRORS as exc:
-                return "upstream_aborted", _describe(exc)
-            try:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
-                return "client_aborted", f"the client closed the connection ({type(exc).__name__})"
-            capture.feed(chunk)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return None, None
-    except asyncio.CancelledError:
-        if not hung_up:
-            raise
-        pump.uncancel()
-        return "client_aborted", "the client closed the connection"
-    finally:
-        watcher.cancel()
+    def stop(self) -> None:
+        self._watcher.cancel()
+
+
+async def _pump(response: aiohttp.ClientResponse, capture: Capture, send) -> tuple[str | None, str | None]:
+    """Copy the body to the client as it arrives, one write per upstream read.
+    Returns (status, error) for anything but a normal end."""
+    chunks = response.content.iter_any()
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        except _UPSTREAM_ERRORS as exc:
+            return "upstream_aborted", _describe(exc)
+        try:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
+            return "client_aborted", f"the client closed the connection ({type(exc).__name__})"
+        capture.feed(chunk)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return None, None
 
 
 async def _wait_disconnect(receive) -> None:
@@ -225,16 +236,16 @@ async def _wait_disconnect(receive) -> None:
         pass
 
 
-async def _read_body(receive) -> bytes:
+async def _read_body(receive) -> tuple[bytes, bool]:
+    """The whole request body (agents' requests are small) and whether it all arrived."""
     parts = []
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            return b"".join(parts), False
         parts.append(message.get("body", b""))
         if not message.get("more_body"):
-            break
-    return b"".join(parts)
+            return b"".join(parts), True
 
 
 async def _send_raw(send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

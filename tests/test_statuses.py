@@ -126,3 +126,41 @@ def test_non_json_response_is_kept_raw_and_flagged(make_tooltap, upstream):
     turn = only_turn(tt)
     assert turn["response"] is None and "not valid JSON" in turn["error"]
     assert httpx.get(f"{tt.url}/_tooltap/api/turns/{turn['id']}/raw").content == b'{"truncated": '
+
+
+def test_client_gone_before_headers_is_client_aborted(tooltap, upstream):
+    """The agent gives up while the model is still thinking: tooltap stops waiting too."""
+    upstream.routes["/chat/completions"] = Reply.json({"too": "late"}, wait=3)
+    started = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{tooltap.url}/chat/completions", json=REQ, timeout=0.5)
+    turn = only_turn(tooltap)
+    assert turn["status"] == "client_aborted" and turn["http_status"] is None
+    assert time.monotonic() - started < 2.5  # recorded at the hang-up, not after the upstream's answer
+
+
+def test_half_sent_request_is_not_forwarded(tooltap, upstream):
+    host, port = tooltap.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 1000\r\n\r\n{\"model\": \"m\"")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not tooltap.api("/turns")["turns"]:
+        time.sleep(0.05)
+    turn = only_turn(tooltap)
+    assert turn["status"] == "client_aborted" and "sending its request" in turn["error"]
+    assert upstream.received == []
+
+
+def test_bodyless_get_reaches_upstream_without_a_body_header(tooltap, upstream):
+    upstream.routes["/v1/models"] = Reply.json({"data": []})
+    httpx.get(f"{tooltap.url}/v1/models")
+    got = upstream.received[-1]
+    assert got.header("content-length") is None and got.header("transfer-encoding") is None
+    assert got.body == b""
+
+
+def test_stored_path_keeps_the_agents_encoding(tooltap, upstream):
+    upstream.routes["/v1/a/b c"] = Reply.json({})
+    httpx.get(f"{tooltap.url}/v1/a%2Fb%20c?x=%00")
+    assert tooltap.api("/turns")["turns"][0]["path"] == "/v1/a%2Fb%20c?x=%00"

@@ -195,7 +195,7 @@ def test_writer_and_reader_on_each_backend(backend, tmp_path):
     writer.start()
     history = []
     for i in range(6):
-        history = history + [{"role": "user", "content": f"step {i} ✓ \u2028 sep"}]
+        history = history + [{"role": "user", "content": f"step {i} ✓ \u2028 sep \u0000 nul"}]
         writer.submit(_record(i, history))
         history = history + [{"role": "assistant", "content": f"done {i}"}]
     writer.flush()
@@ -213,3 +213,86 @@ def test_writer_and_reader_on_each_backend(backend, tmp_path):
     again.start()
     again.close()
     assert len(Reader(again.engine).turns()) == 6
+
+
+def test_system_prompt_change_stays_in_the_session(tooltap, upstream):
+    """Cline rebuilds its system prompt when MCP servers or rules change mid-task."""
+    upstream.routes["/chat/completions"] = reply()
+    first = [{"role": "system", "content": "v1"}, {"role": "user", "content": "the task"}]
+    second = [{"role": "system", "content": "v2 with a new MCP server"}, {"role": "user", "content": "the task"},
+              {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}]
+    only_system = [{"role": "system", "content": "just a system prompt"}]
+    for messages in (first, second, only_system):
+        httpx.post(f"{tooltap.url}/chat/completions", json={"model": "m", "messages": messages})
+    sessions = tooltap.api("/sessions")["sessions"]
+    task = next(s for s in sessions if s["title"] == "the task")
+    assert task["turns"] == 2
+    turns = tooltap.api(f"/sessions/{task['id']}")["turns"]
+    assert turns[1]["parent_id"] == turns[0]["id"]
+    rebuilt = [tooltap.api(f"/turns/{t['id']}")["request"]["messages"] for t in turns]
+    assert rebuilt == [first, second]
+    last = tooltap.api("/turns")["turns"][0]
+    assert tooltap.api(f"/turns/{last['id']}")["request"]["messages"] == only_system
+
+
+def test_unusable_session_header_and_nul_text_are_stored(tooltap, upstream):
+    upstream.routes["/chat/completions"] = reply("a\u0000b")
+    long_hint = "x" * 300
+    r = httpx.post(f"{tooltap.url}/chat/completions", json=chat("nul \u0000 inside"),
+                   headers={"x-tooltap-session": long_hint})
+    assert r.status_code == 200
+    (session,) = tooltap.api("/sessions")["sessions"]
+    assert session["id"].startswith("h-") and len(session["id"]) <= 64
+    assert tooltap.app.writer.written == 1
+
+
+def test_a_turn_that_cannot_be_stored_does_not_hold_back_the_others(tmp_path, monkeypatch):
+    from proxy.store import ingest
+
+    real_add = ingest.Ingestor.add
+
+    def add(self, db, rec):
+        if b"poison" in rec.request_body:
+            raise ValueError("a value this database refuses")
+        return real_add(self, db, rec)
+
+    monkeypatch.setattr(ingest.Ingestor, "add", add)
+    writer = Writer(f"sqlite:///{tmp_path / 'w.db'}", spool_path=str(tmp_path / "spool"))
+    writer.start()
+    for i, text in enumerate(["before", "poison", "after"]):
+        writer.submit(_record(i, [{"role": "user", "content": text}]))
+    writer.flush()
+    writer.close()
+    assert writer.written == 2
+    assert not writer.spool.pending()  # nothing waits behind it
+    quarantined = Path(writer.spool.failed_path).read_text().split("\n")
+    assert [spool.decode(line).request_body for line in quarantined if line] == [
+        _record(1, [{"role": "user", "content": "poison"}]).request_body]
+
+
+def test_turns_land_in_order_after_an_outage(tooltap, upstream):
+    """A turn sent just after the database comes back waits behind the spooled ones, so
+    the session threads as the agent lived it."""
+    upstream.routes["/chat/completions"] = reply()
+    post = lambda messages: httpx.post(f"{tooltap.url}/chat/completions", json={"model": "m", "messages": messages})
+    t1 = [{"role": "user", "content": "ordered task"}]
+    t2 = t1 + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "two"}]
+    t3 = t2 + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "three"}]
+    post(t1)
+    tooltap.flush()
+    tooltap.app.writer.engine.dispose()
+    lock = sqlite3.connect(tooltap.db_path, timeout=0)
+    lock.execute("BEGIN EXCLUSIVE")
+    post(t2)
+    tooltap.flush()
+    assert tooltap.app.writer.spooled == 1
+    lock.rollback()
+    lock.close()
+    post(t3)  # the database answers again, but turn 2 is still in the spool
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(tooltap.api("/turns")["turns"]) < 3:
+        time.sleep(0.2)
+    session = tooltap.api("/sessions")["sessions"][0]
+    turns = tooltap.api(f"/sessions/{session['id']}")["turns"]
+    assert [len(tooltap.api(f"/turns/{t['id']}")["request"]["messages"]) for t in turns] == [1, 3, 5]
+    assert [t["parent_id"] for t in turns] == [None, turns[0]["id"], turns[1]["id"]]

@@ -24,7 +24,34 @@ def make_engine(url: str, *, busy_timeout: float = 2.0) -> Engine:
                                hide_parameters=True)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, hide_parameters=True)
+    engine = create_engine(
+        url, pool_pre_ping=True, hide_parameters=True,
+        # Never wait forever on a lock or a dead server: the writer spools and retries.
+        connect_args={"connect_timeout": 5,
+                      "options": "-c lock_timeout=5000 -c statement_timeout=30000"},
+    )
+    event.listen(engine, "connect", _postgres_text_without_nul)
+    return engine
+
+
+def _postgres_text_without_nul(dbapi_conn, _record) -> None:
+    """Postgres text cannot hold U+0000, which model output can contain: store U+FFFD in
+    its place rather than refuse the turn (the exact bytes stay in the raw response)."""
+    from psycopg.adapt import Dumper, PyFormat
+
+    inner = dbapi_conn.adapters.get_dumper(str, PyFormat.AUTO)
+
+    class NulFreeStr(Dumper):
+        oid = getattr(inner, "oid", 0)
+
+        def __init__(self, cls, context=None):
+            super().__init__(cls, context)
+            self._inner = inner(cls, context)
+
+        def dump(self, obj: str):
+            return self._inner.dump(obj.replace("\x00", "\ufffd"))
+
+    dbapi_conn.adapters.register_dumper(str, NulFreeStr)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

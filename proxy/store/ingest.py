@@ -14,9 +14,10 @@ from .. import apis
 from ..capture import TurnRecord, assemble, decompress
 from . import content
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
-from .threading import place
+from .sessions import place, session_key
 
 TITLE_MAX = 200
+KNOWN_MAX = 500_000  # blob and chain hashes remembered as written (~40 MB at most)
 JSON_MAX = 32 << 20  # a bigger body is stored raw, not parsed: it would cost its size many times over
 
 
@@ -57,6 +58,8 @@ class Ingestor:
             # One statement shape for any number of rows (executemany): compiled once.
             stmt = self._insert(model).on_conflict_do_nothing(index_elements=[key])
             db.connection().execute(stmt, rows)
+            if len(self._known) > KNOWN_MAX:  # a cache, not a record: start over
+                self._known.clear()
             self._known.update(r[key] for r in rows)
 
     def put_blobs(self, db: DB, values: list[Any]) -> list[str]:
@@ -94,14 +97,13 @@ class Ingestor:
             request = None
 
         hashes: list[str] = []
-        roles: list[str | None] = []
         if request is not None:
             turn.model = ((api.model(request, response) if api else None) or request.get("model")
                           or _model_in_path(rec.path))
-            hashes, roles = self._split_request(db, turn, request, api)
+            hashes = self._split_request(db, turn, request, api)
         chain = content.chain(hashes)
         turn.chain_hash = chain[-1] if chain else None
-        placement = place(db, chain, roles, rec.session_hint)
+        placement = place(db, chain, session_key(rec.session_hint))
         turn.session_id, turn.parent_id = placement.session_id, placement.parent_id
         if chain:
             self._put_ignore(db, ChainNode, [
@@ -151,32 +153,33 @@ class Ingestor:
             return None, "response body: not valid JSON (kept raw)"
         return parsed, None
 
-    def _split_request(self, db: DB, turn: Turn, request: dict, api) -> tuple[list[str], list]:
+    def _split_request(self, db: DB, turn: Turn, request: dict, api) -> list[str]:
         """Move messages, tools and system prompt into blobs; keep the rest as the skeleton.
-        Returns the hashes of the chain's items (system prompt first, if any) and their roles."""
+        Returns the hashes of the conversation's messages (the system prompt apart: a
+        changed system prompt is the same conversation)."""
         keys = api.keys if api else None
-        skeleton = dict(request)
         messages = request.get(keys.messages) if keys else None
-        system = request.get(keys.system) if keys and keys.system else None
-        tools = request.get(keys.tools) if keys and keys.tools else None
         if not isinstance(messages, list):
-            turn.request_skeleton = skeleton
-            return [], []
-        items = ([system] if system is not None else []) + messages
-        hashes = self.put_blobs(db, items)
+            turn.request_skeleton = request
+            return []
+        skeleton = dict(request)
+        skeleton[keys.messages] = None
+        if keys.system:
+            system = request.get(keys.system)
+        else:  # OpenAI Chat: the system prompt is the leading system/developer messages
+            lead = next((i for i, m in enumerate(messages) if not _is_system(m)), len(messages))
+            system, messages = (messages[:lead] or None), messages[lead:]
         if system is not None:
-            turn.system_hash = hashes[0]
-            skeleton[keys.system] = None
+            turn.system_hash = self.put_blobs(db, [system])[0]
+            if keys.system:
+                skeleton[keys.system] = None
+        tools = request.get(keys.tools) if keys.tools else None
         if isinstance(tools, list):
             turn.tools_hash = self.put_blobs(db, [tools])[0]
             skeleton[keys.tools] = None
-        skeleton[keys.messages] = None
         turn.request_skeleton = skeleton
         turn.message_count = len(messages)
-        roles = (["system"] if system is not None else []) + [
-            m.get("role") if isinstance(m, dict) else None for m in messages
-        ]
-        return hashes, roles
+        return self.put_blobs(db, messages)
 
     def _update_session(self, db: DB, turn: Turn, request: dict | None, new: bool) -> None:
         session = None if new else db.get(Session, turn.session_id)
@@ -204,6 +207,10 @@ def _model_in_path(path: str) -> str | None:
     """Gemini names the model in the URL (`/v1beta/models/gemini-2.5-pro:generateContent`)."""
     m = _MODEL_IN_PATH.search(path)
     return m.group(1) if m else None
+
+
+def _is_system(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") in ("system", "developer")
 
 
 def _int(d: dict, *keys: str) -> int:

@@ -88,6 +88,16 @@ class Spool:
                 f.writelines(bad)
         return records
 
+    def keep(self, records: list[TurnRecord]) -> None:
+        """A replay stopped part way: these (oldest first) wait for the next take."""
+        tmp = self._replaying + ".tmp"
+        with self._lock:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("".join(encode(r) + "\n" for r in records))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._replaying)
+
     def done(self) -> None:
         """The taken turns are in the database (or back in the spool)."""
         with self._lock:

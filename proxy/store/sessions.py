@@ -5,8 +5,8 @@ N's. Each message list is a path of chain hashes (content.chain); the longest pr
 already known names the session, and the deepest earlier turn whose whole message list
 is a strict prefix of this one is its parent. A retry or an edited history shares a
 shorter prefix: it lands in the same session as a new branch (a second child of some
-turn). A prefix only counts once it reaches past the system prompt into the first user
-message, so two tasks that share a system prompt stay apart.
+turn). The system prompt is not part of the chain: two tasks that share one stay apart,
+and a task whose system prompt changes (new MCP servers, new rules) stays one session.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sqlmodel import Session as DB, select
 
+from .content import digest
 from .models import ChainNode, Turn
 
 
@@ -26,26 +27,25 @@ class Placement:
     new_session: bool
 
 
-def min_depth(roles: list[str | None]) -> int:
-    """How deep a shared prefix must reach: through the first non-system message."""
-    for i, role in enumerate(roles):
-        if role not in ("system", "developer"):
-            return i + 1
-    return len(roles) + 1  # only system messages: nothing worth matching on
+def session_key(hint: str | None) -> str | None:
+    """An X-Tooltap-Session value as a session id: kept as given when short and
+    printable, else replaced by a hash of it (ids are at most 64 characters)."""
+    hint = (hint or "").strip()
+    if not hint:
+        return None
+    if len(hint) <= 64 and hint.isprintable():
+        return hint
+    return "h-" + digest(hint.encode("utf-8", "surrogateescape"))
 
 
-def place(db: DB, chain: list[str], roles: list[str | None], hint: str | None) -> Placement:
+def place(db: DB, chain: list[str], hint: str | None) -> Placement:
+    """The session and parent turn of a request whose messages hash to `chain`."""
     session_id = hint
     if session_id is None and chain:
-        need = min_depth(roles)
-        row = db.exec(
-            select(ChainNode.session_id, ChainNode.depth)
-            .where(ChainNode.hash.in_(chain))
-            .order_by(ChainNode.depth.desc())
-            .limit(1)
+        session_id = db.exec(
+            select(ChainNode.session_id).where(ChainNode.hash.in_(chain))
+            .order_by(ChainNode.depth.desc()).limit(1)
         ).first()
-        if row is not None and row.depth >= need:
-            session_id = row.session_id
     if session_id is None:
         return Placement(uuid.uuid4().hex[:16], None, True)
 

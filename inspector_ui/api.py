@@ -44,7 +44,16 @@ def raw(request: Request, turn_id: int):
         raise HTTPException(404, f"no turn {turn_id}")
     body, content_type, encoding = found
     headers = {"content-encoding": encoding} if encoding else {}
-    return Response(body, media_type=content_type or "application/octet-stream", headers=headers)
+    content_type = content_type or "application/octet-stream"
+    if any(kind in content_type.lower() for kind in _ACTIVE):
+        # Captured HTML or script must never run on the inspector's origin, even through
+        # a <script src> of another captured page: served as text, the type kept aside.
+        headers["x-tooltap-content-type"] = content_type
+        content_type = "text/plain; charset=utf-8"
+    return Response(body, media_type=content_type, headers=headers)
+
+
+_ACTIVE = ("html", "javascript", "ecmascript", "xml", "svg", "css")
 
 
 @router.get("/turns/{turn_id}/timeline")

@@ -16,13 +16,15 @@ SKIP = {"host", "content-length", "accept-encoding", "connection", "transfer-enc
         "x-tooltap-token", "x-tooltap-session"}
 
 
-def as_curl(turn: dict[str, Any]) -> str:
+def as_curl(turn: dict[str, Any], tooltap_url: str) -> str:
+    """The request again, sent through tooltap (`tooltap_url`, where the inspector is
+    served) to the same upstream route, so the replay is recorded too."""
     path = turn.get("path") or "/"
     base, sep, query = path.partition("?")
     if sep:
         query = _SECRET_PARAM.sub(lambda m: m.group(1) + "$API_KEY", query)
         path = f"{base}?{query}"
-    url = (turn.get("upstream") or "") + path
+    url = tooltap_url.rstrip("/") + path
     lines = [f"curl -sS -X {turn.get('method') or 'POST'} {_quote_url(url)}"]
     for name, value in turn.get("request_headers") or []:
         low = name.lower()
@@ -37,7 +39,7 @@ def as_curl(turn: dict[str, Any]) -> str:
     body = turn.get("request")
     if body is not None:
         text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-        lines.append(f"--data-binary @- <<'TOOLTAP_EOF'\n{text}\nTOOLTAP_EOF")
+        lines.append(f"--data-binary {shlex.quote(text)}")  # quoted whole: nothing in it runs
     return " \\\n  ".join(lines)
 
 

@@ -70,7 +70,7 @@ def turn(request: Request, turn_id: int):
     body, _ctype, _enc = _reader(request).raw(turn_id)
     timeline = _reader(request).timeline(turn_id) or []
     return templates.TemplateResponse(request, "turn.html", {
-        "t": t, "curl": as_curl(t), "raw": raw_view(body, timeline, t.get("duration_ms")),
+        "t": t, "curl": as_curl(t, str(request.base_url)), "raw": raw_view(body, timeline, t.get("duration_ms")),
         "calls": [transcript.call_view(c) for c in t["tool_calls"]],
     })
 

@@ -46,6 +46,8 @@ class Guard:
         self.token = token or None
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":  # there are none; never let one past the checks
+            return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
@@ -56,6 +58,10 @@ class Guard:
                 message = {**message, "headers": headers + SECURITY_HEADERS}
             await send(message)
 
+        if self.token is None and not _loopback_host(scope):
+            # Without a token the inspector serves loopback only; a page from elsewhere that
+            # made its own name resolve to 127.0.0.1 (DNS rebinding) must not read it.
+            return await _plain(send_secured, 421, b"tooltap: this inspector answers to localhost only\n")
         if self.token is not None:
             verdict = self._check(scope)
             if verdict == "refuse":
@@ -100,6 +106,15 @@ class Guard:
 
     def _ok(self, given: str) -> bool:
         return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def _loopback_host(scope) -> bool:
+    host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1:host.find("]")]
+    return name.lower() in LOOPBACK_NAMES or name.startswith("127.")
 
 
 async def _plain(send, status: int, body: bytes) -> None:

@@ -14,6 +14,7 @@ from sqlmodel import Session as DB
 from inspector_ui.queries import Filters, Queries
 from proxy.store.db import make_engine, migrate
 from proxy.store.models import Session
+from proxy.scripted import Reply
 from proxy.store.read import Reader
 from tests.test_proxy_e2e import play_cline
 
@@ -196,3 +197,34 @@ def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):
     assert "0 breaking</b> of 0 changes" in html and "15 unchanged" in html
     assert "cIya4J0mcp0get_forecast" in html and "gemini" in html
     assert get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:99"}).status_code == 200
+
+
+def test_inspector_refuses_foreign_host_names_without_a_token(tooltap, upstream):
+    """DNS rebinding: a page whose own name resolves to 127.0.0.1 must not read turns."""
+    ok = httpx.get(f"{tooltap.url}/_tooltap/api/turns")
+    assert ok.status_code == 200
+    r = httpx.get(f"{tooltap.url}/_tooltap/api/turns", headers={"host": "attacker.example"})
+    assert r.status_code == 421
+    page = httpx.get(f"{tooltap.url}/_tooltap/", headers={"host": "attacker.example:8000"})
+    assert page.status_code == 421
+
+
+def test_captured_html_is_served_as_text_and_curl_is_inert(tooltap, upstream):
+    import shlex
+    import subprocess
+
+    upstream.routes["/page"] = Reply(200, [("content-type", "text/html")], [b"<script>alert(1)</script>"])
+    httpx.post(f"{tooltap.url}/page", content=b"hi\nTOOLTAP_EOF\ntouch /tmp/tooltap-pwned\n",
+               headers={"content-type": "text/plain"})
+    turn_id = tooltap.api("/turns")["turns"][0]["id"]
+    raw = httpx.get(f"{tooltap.url}/_tooltap/api/turns/{turn_id}/raw")
+    assert raw.headers["content-type"].startswith("text/plain")
+    assert raw.headers["x-tooltap-content-type"] == "text/html"
+    from inspector_ui.curl import as_curl
+
+    command = as_curl(tooltap.api(f"/turns/{turn_id}"), tooltap.url)
+    assert command.startswith(f"curl -sS -X POST {tooltap.url}/page")
+    # The shell sees one quoted argument: parsing it runs nothing.
+    words = shlex.split(command.replace("\\\n", " "))
+    assert words[-1] == "hi\nTOOLTAP_EOF\ntouch /tmp/tooltap-pwned\n" and words[-2] == "--data-binary"
+    subprocess.run(["bash", "-n", "-c", command], check=True)

@@ -296,3 +296,14 @@ def test_turns_land_in_order_after_an_outage(tooltap, upstream):
     turns = tooltap.api(f"/sessions/{session['id']}")["turns"]
     assert [len(tooltap.api(f"/turns/{t['id']}")["request"]["messages"]) for t in turns] == [1, 3, 5]
     assert [t["parent_id"] for t in turns] == [None, turns[0]["id"], turns[1]["id"]]
+
+
+def test_requests_without_a_conversation_share_one_session(tooltap, upstream):
+    upstream.routes["/v1/models"] = Reply.json({"data": []})
+    upstream.routes["/chat/completions"] = reply()
+    for _ in range(3):
+        httpx.get(f"{tooltap.url}/v1/models")
+    httpx.post(f"{tooltap.url}/chat/completions", json=chat("a real task"))
+    sessions = {s["title"]: s for s in tooltap.api("/sessions")["sessions"]}
+    assert set(sessions) == {"Requests without a conversation", "a real task"}
+    assert sessions["Requests without a conversation"]["turns"] == 3

@@ -14,7 +14,7 @@ from .. import apis
 from ..capture import TurnRecord, assemble, decompress
 from . import content
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
-from .sessions import place, session_key
+from .sessions import OTHER_PREFIX, OTHER_TITLE, place, session_key
 
 TITLE_MAX = 200
 KNOWN_MAX = 500_000  # blob and chain hashes remembered as written (~40 MB at most)
@@ -184,8 +184,9 @@ class Ingestor:
     def _update_session(self, db: DB, turn: Turn, request: dict | None, new: bool) -> None:
         session = None if new else db.get(Session, turn.session_id)
         if session is None:
+            title = OTHER_TITLE if turn.session_id.startswith(OTHER_PREFIX) else first_user_text(request)
             session = Session(id=turn.session_id, started_at=turn.started_at, last_at=turn.started_at,
-                              title=first_user_text(request), models=[])
+                              title=title, models=[])
         session.last_at = max(session.last_at, turn.started_at)
         session.turns += 1
         session.tool_calls += turn.tool_call_count

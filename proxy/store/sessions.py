@@ -11,6 +11,7 @@ and a task whose system prompt changes (new MCP servers, new rules) stays one se
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -18,6 +19,10 @@ from sqlmodel import Session as DB, select
 
 from .content import digest
 from .models import ChainNode, Turn
+
+
+OTHER_PREFIX = "other-"
+OTHER_TITLE = "Requests without a conversation"
 
 
 @dataclass
@@ -41,7 +46,11 @@ def session_key(hint: str | None) -> str | None:
 def place(db: DB, chain: list[str], hint: str | None) -> Placement:
     """The session and parent turn of a request whose messages hash to `chain`."""
     session_id = hint
-    if session_id is None and chain:
+    if session_id is None and not chain:
+        # No conversation (a model list, a health check, an embedding): one session per
+        # day gathers them rather than one session each.
+        return Placement(OTHER_PREFIX + time.strftime("%Y-%m-%d", time.gmtime()), None, False)
+    if session_id is None:
         session_id = db.exec(
             select(ChainNode.session_id).where(ChainNode.hash.in_(chain))
             .order_by(ChainNode.depth.desc()).limit(1)

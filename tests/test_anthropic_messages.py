@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from proxy.apis import by_name, detect
 from proxy.apis.anthropic_messages import API
-from proxy.sse import Event, SSEDecoder
+from proxy.sse import Event
+from tests.streams import assemble_cut
 
 MODEL = "claude-sonnet-4-5-20250929"
 
@@ -180,16 +181,7 @@ def encode(events, eol="\n"):
 
 
 def assemble(raw: bytes, cuts=()):
-    """Feed `raw` through SSEDecoder cut at `cuts`, then close; return the assembler."""
-    decoder, asm = SSEDecoder(), API.new_assembler()
-    pos = 0
-    for cut in sorted(cuts) + [len(raw)]:
-        for event in decoder.feed(raw[pos:cut]):
-            asm.feed(event)
-        pos = cut
-    for event in decoder.close():
-        asm.feed(event)
-    return asm
+    return assemble_cut(API, raw, cuts)
 
 
 def sdk_accumulate(events):

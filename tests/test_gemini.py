@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from proxy.apis import by_name, detect
 from proxy.apis.gemini import API
-from proxy.sse import Event, SSEDecoder
+from proxy.sse import Event
+from tests.streams import assemble_cut
 
 MODEL = "gemini-2.5-flash"
 SAFETY = [{"category": "HARM_CATEGORY_HARASSMENT", "probability": "NEGLIGIBLE"}]
@@ -85,15 +86,7 @@ def encode(chunks, eol="\r\n"):
 
 
 def assemble(raw: bytes, cuts=()):
-    decoder, asm = SSEDecoder(), API.new_assembler()
-    pos = 0
-    for cut in sorted(cuts) + [len(raw)]:
-        for event in decoder.feed(raw[pos:cut]):
-            asm.feed(event)
-        pos = cut
-    for event in decoder.close():
-        asm.feed(event)
-    return asm
+    return assemble_cut(API, raw, cuts)
 
 
 def test_stream_gives_the_non_streaming_response():

@@ -15,7 +15,8 @@ from openai.types.responses import ResponseStreamEvent
 
 from proxy.apis import by_name, detect
 from proxy.apis.openai_responses import API
-from proxy.sse import Event, SSEDecoder
+from proxy.sse import Event
+from tests.streams import assemble_cut
 
 RESP_ID = "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b"
 
@@ -138,15 +139,7 @@ def encode(events, eol="\n"):
 
 
 def assemble(raw: bytes, cuts=()):
-    decoder, asm = SSEDecoder(), API.new_assembler()
-    pos = 0
-    for cut in sorted(cuts) + [len(raw)]:
-        for event in decoder.feed(raw[pos:cut]):
-            asm.feed(event)
-        pos = cut
-    for event in decoder.close():
-        asm.feed(event)
-    return asm
+    return assemble_cut(API, raw, cuts)
 
 
 def sdk_state(events):

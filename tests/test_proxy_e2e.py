@@ -7,7 +7,6 @@ import json
 
 import httpx
 import openai
-import pytest
 
 from proxy.scripted import Reply
 from tests.conftest import cline_turn

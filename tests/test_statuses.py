@@ -61,7 +61,7 @@ def test_upstream_abort_reaches_the_client(tooltap, upstream):
                                                      drop_after=2)
     with pytest.raises(httpx.RemoteProtocolError):
         with httpx.stream("POST", f"{tooltap.url}/chat/completions", json=REQ) as r:
-            got = b"".join(r.iter_raw())
+            b"".join(r.iter_raw())
     turn = only_turn(tooltap)
     assert turn["status"] == "upstream_aborted"
     assert turn["response"]["choices"][0]["message"]["content"] == "one two "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -19,7 +18,7 @@ from proxy.scripted import Reply
 from proxy.store import spool
 from proxy.store.read import Reader
 from proxy.store.writer import Writer
-from tests.conftest import Server, free_port, postgres_url
+from tests.conftest import free_port, postgres_url
 
 KEY = "sk-live-SUPERSECRET-0123456789abcdef"
 GOOGLE_KEY = "AIzaSy-GOOGLESECRET-987654321"

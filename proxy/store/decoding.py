@@ -13,6 +13,7 @@ import logging
 from collections import OrderedDict
 from typing import Any, Iterable
 
+from sqlalchemy import bindparam, select as sa_select
 from sqlmodel import Session as DB, select
 
 from ..agents import CallInput, TurnInput, decode_session
@@ -41,6 +42,12 @@ class BlobCache:
         if len(self._items) > self.size:
             self._items.popitem(last=False)
         return value
+
+
+_FIRST_CHILD = (
+    sa_select(Turn.__table__.c.id).where(Turn.__table__.c.parent_id == bindparam("parent"))
+    .order_by(Turn.__table__.c.id).limit(1)
+)
 
 
 class RecentTurns:
@@ -97,8 +104,8 @@ def decode_new_turns(db: DB, new: list[Ingested], recent: RecentTurns, cache: Bl
             grandparent = _earlier(db, parent.parent_id, recent, cache) if parent else None
             window = [t for t in (grandparent, parent, mine) if t is not None]
             # Results come from a turn's first child only (a retry does not re-answer).
-            first_child = parent is not None and db.exec(
-                select(Turn.id).where(Turn.parent_id == parent.id).order_by(Turn.id).limit(1)).first() == turn.id
+            first_child = parent is not None and db.connection().execute(
+                _FIRST_CHILD, {"parent": parent.id}).scalar() == turn.id
             turns, rows = [turn], {turn.id: item.calls}
             if first_child:
                 turns.append(db.get(Turn, parent.id))

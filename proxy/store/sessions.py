@@ -15,7 +15,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from sqlmodel import Session as DB, select
+from sqlalchemy import bindparam, select
+from sqlmodel import Session as DB
 
 from .content import digest
 from .models import ChainNode, Turn
@@ -43,6 +44,19 @@ def session_key(hint: str | None) -> str | None:
     return "h-" + digest(hint.encode("utf-8", "surrogateescape"))
 
 
+# Built once: these run for every turn, and building a query costs more than running it.
+_nodes, _turns = ChainNode.__table__.c, Turn.__table__.c
+_SESSION_OF_LONGEST_PREFIX = (
+    select(_nodes.session_id).where(_nodes.hash.in_(bindparam("chain", expanding=True)))
+    .order_by(_nodes.depth.desc()).limit(1)
+)
+_PARENT = (
+    select(_turns.id)
+    .where(_turns.session_id == bindparam("session"), _turns.chain_hash.in_(bindparam("prefixes", expanding=True)))
+    .order_by(_turns.message_count.desc(), _turns.id.desc()).limit(1)
+)
+
+
 def place(db: DB, chain: list[str], hint: str | None) -> Placement:
     """The session and parent turn of a request whose messages hash to `chain`."""
     session_id = hint
@@ -50,20 +64,12 @@ def place(db: DB, chain: list[str], hint: str | None) -> Placement:
         # No conversation (a model list, a health check, an embedding): one session per
         # day gathers them rather than one session each.
         return Placement(OTHER_PREFIX + time.strftime("%Y-%m-%d", time.gmtime()), None, False)
+    conn = db.connection()
     if session_id is None:
-        session_id = db.exec(
-            select(ChainNode.session_id).where(ChainNode.hash.in_(chain))
-            .order_by(ChainNode.depth.desc()).limit(1)
-        ).first()
+        session_id = conn.execute(_SESSION_OF_LONGEST_PREFIX, {"chain": chain}).scalar()
     if session_id is None:
         return Placement(uuid.uuid4().hex[:16], None, True)
-
     parent_id = None
     if len(chain) > 1:
-        parent_id = db.exec(
-            select(Turn.id)
-            .where(Turn.session_id == session_id, Turn.chain_hash.in_(chain[:-1]))
-            .order_by(Turn.message_count.desc(), Turn.id.desc())
-            .limit(1)
-        ).first()
+        parent_id = conn.execute(_PARENT, {"session": session_id, "prefixes": chain[:-1]}).scalar()
     return Placement(session_id, parent_id, False)

@@ -3,7 +3,9 @@
 A raw ASGI app, so nothing sits between the client's socket and the upstream's but this
 file: read the request, send it upstream with its headers as they came (less hop-by-hop
 ones and Host), pass every response chunk to the client the moment it arrives, then hand
-the capture to the store's queue. No database call, no re-serialization, no buffering.
+the capture to the store's queue. No database call, no re-serialization, no buffering
+of the response. (The request body is read whole before it goes upstream: agents'
+requests are at most a few megabytes, and the capture needs them anyway.)
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ live in the inspector: then it runs as the chunks pass, to show the text growing
 from __future__ import annotations
 
 import hashlib
+import io
+import os
 import tempfile
 import time
 import zlib
@@ -45,7 +47,7 @@ class TurnRecord:
     stream: bool = False
     ttft_ms: float | None = None
     duration_ms: float | None = None
-    raw: Any = b""  # exact bytes sent to the client: bytes, or a file positioned at 0
+    raw: bytes | str = b""  # exact bytes sent to the client, or the path of a file holding them
     raw_size: int = 0
     raw_sha256: str = ""
     timeline: list[list[float]] = field(default_factory=list)  # [byte offset, ms since start]
@@ -58,16 +60,54 @@ class TurnRecord:
         if isinstance(self.raw, bytes):
             yield self.raw
             return
-        self.raw.seek(0)
-        while chunk := self.raw.read(size):
-            yield chunk
+        with open(self.raw, "rb") as f:
+            while chunk := f.read(size):
+                yield chunk
 
     def raw_bytes(self) -> bytes:
         return b"".join(self.iter_raw())
 
     def release(self) -> None:
-        if not isinstance(self.raw, bytes):
-            self.raw.close()
+        """The raw bytes are stored: delete their temporary file, if any."""
+        if isinstance(self.raw, str):
+            try:
+                os.unlink(self.raw)
+            except FileNotFoundError:
+                pass
+
+
+class RawBuffer:
+    """A response's exact bytes: in memory up to RAW_IN_MEMORY, then in a named temporary
+    file, so a long stream costs flat memory and the writer can take the file by name."""
+
+    def __init__(self) -> None:
+        self._memory: io.BytesIO | None = io.BytesIO()
+        self._file = None
+        self._path: str | None = None
+
+    def write(self, chunk: bytes) -> None:
+        if self._memory is not None:
+            if self._memory.tell() + len(chunk) <= RAW_IN_MEMORY:
+                self._memory.write(chunk)
+                return
+            fd, self._path = tempfile.mkstemp(prefix="tooltap-raw-")
+            self._file = os.fdopen(fd, "wb")
+            self._file.write(self._memory.getbuffer())
+            self._memory = None
+        self._file.write(chunk)
+
+    def hand_over(self) -> bytes | str:
+        """The bytes, or the path of the closed file that holds them."""
+        if self._memory is not None:
+            return self._memory.getvalue()
+        self._file.close()
+        return self._path
+
+    def discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            os.unlink(self._path)
+        self._memory, self._file = io.BytesIO(), None
 
 
 class _Decompressor:
@@ -174,7 +214,7 @@ class Capture:
         self.live = live
         self._last_live = 0.0
         self._t0 = time.perf_counter()
-        self._raw = tempfile.SpooledTemporaryFile(max_size=RAW_IN_MEMORY)
+        self._raw = RawBuffer()
         self._raw_ok = True
         self._sha = hashlib.sha256()
         self._size = 0
@@ -212,8 +252,7 @@ class Capture:
             except OSError as exc:  # the temporary file's disk is full
                 rec.error = f"capture: raw bytes not kept ({exc}); the stream itself was unaffected"
                 self._raw_ok = False
-                self._raw.close()
-                self._raw = tempfile.SpooledTemporaryFile(max_size=RAW_IN_MEMORY)
+                self._raw.discard()
         if self._assembly is not None:
             self._assembly.feed(chunk)
             now = time.perf_counter()
@@ -233,8 +272,7 @@ class Capture:
             rec.status = status
         elif (rec.http_status or 0) >= 400 or rec.stream_error:
             rec.status = "upstream_error"
-        self._raw.seek(0)
-        rec.raw = self._raw  # the writer streams it into the database, then releases it
+        rec.raw = self._raw.hand_over()  # the writer stores it, then releases it
         rec.raw_size = self._size
         rec.raw_sha256 = self._sha.hexdigest()
         if rec.live_id is not None:

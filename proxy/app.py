@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from .config import RESERVED_PREFIX, Settings
 from .forward import Forwarder, UpstreamAborted, make_client
 from .live import LiveHub
+from .store.process import WriterProcess
 from .store.writer import Writer
 
 log = logging.getLogger("tooltap")
@@ -23,7 +24,7 @@ class TooltapApp:
 
         self.settings = settings
         self.live = LiveHub()
-        self.writer = writer or Writer(settings.db_url, spool_path=settings.spool_file(), live=self.live)
+        self.writer = writer or WriterProcess(settings.db_url, spool_path=settings.spool_file(), live=self.live)
         self.client = None
         self.forwarder: Forwarder | None = None
         self.inspector = create_inspector(self, lifespan=self._lifespan)

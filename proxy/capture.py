@@ -55,6 +55,7 @@ class TurnRecord:
     stream_error: dict[str, Any] | None = None
     unparsed_events: int = 0
     live_id: str | None = None  # names the turn in live events until it has a database id
+    seq: int = 0  # the writer process's receipt number (0: none)
 
     def iter_raw(self, size: int = 1 << 20):
         if isinstance(self.raw, bytes):

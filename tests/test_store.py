@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -99,7 +100,7 @@ def test_locked_database_spools_then_recovers(tooltap, upstream):
     try:
         r = httpx.post(f"{tooltap.url}/chat/completions", json=chat("during the lock"), timeout=10)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still works"
-        tooltap.app.writer.flush()
+        tooltap.flush()
         assert tooltap.app.writer.spooled == 1
         assert b"during the lock" in spooled_bodies(tooltap.app.writer.spool.path)
     finally:
@@ -126,7 +127,7 @@ def test_unavailable_database_never_breaks_the_request(make_tooltap, upstream, t
     tt.db_path.mkdir()  # a directory where the file was: sqlite cannot open it
     r = httpx.post(f"{tt.url}/chat/completions", json=chat("lost?"))
     assert r.json()["choices"][0]["message"]["content"] == "served"
-    tt.app.writer.flush()
+    tt.flush()
     assert tt.app.writer.spooled == 1
     assert b"lost?" in spooled_bodies(tt.app.writer.spool.path)
 
@@ -306,3 +307,19 @@ def test_requests_without_a_conversation_share_one_session(tooltap, upstream):
     sessions = {s["title"]: s for s in tooltap.api("/sessions")["sessions"]}
     assert set(sessions) == {"Requests without a conversation", "a real task"}
     assert sessions["Requests without a conversation"]["turns"] == 3
+
+
+def test_a_dead_writer_process_is_replaced_and_loses_nothing(tooltap, upstream):
+    upstream.routes["/chat/completions"] = reply()
+    httpx.post(f"{tooltap.url}/chat/completions", json=chat("before"))
+    tooltap.flush()
+    writer = tooltap.app.writer
+    first = writer._process
+    os.kill(first.pid, signal.SIGKILL)
+    first.join(5)
+    httpx.post(f"{tooltap.url}/chat/completions", json=chat("after the crash"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(tooltap.api("/turns")["turns"]) < 2:
+        time.sleep(0.2)
+    assert writer._process is not first and writer._process.is_alive()
+    assert [t["id"] for t in tooltap.api("/turns")["turns"]] and len(tooltap.api("/turns")["turns"]) == 2

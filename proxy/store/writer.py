@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from typing import Callable
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlmodel import Session as DB
@@ -52,9 +53,11 @@ class Writer:
         self._blobs = BlobCache()
         self._recent = RecentTurns()
         self._retry_after = 0.0  # monotonic time before which the spool is not retried
+        self.on_done: Callable[[list[TurnRecord]], None] | None = None
 
-    def start(self) -> None:
-        migrate(self.engine)
+    def start(self, migrate_first: bool = True) -> None:
+        if migrate_first:
+            migrate(self.engine)
         self._thread = threading.Thread(target=self._run, name="tooltap-writer", daemon=True)
         self._thread.start()
 
@@ -217,7 +220,9 @@ class Writer:
         if records:
             log.info("replayed %d spooled turn(s) into the database", len(records))
 
-    @staticmethod
-    def _release(records: list[TurnRecord]) -> None:
+    def _release(self, records: list[TurnRecord]) -> None:
+        """These turns are taken care of (stored, spooled or quarantined)."""
         for r in records:
             r.release()
+        if self.on_done is not None:
+            self.on_done(records)

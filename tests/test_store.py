@@ -323,3 +323,17 @@ def test_a_dead_writer_process_is_replaced_and_loses_nothing(tooltap, upstream):
         time.sleep(0.2)
     assert writer._process is not first and writer._process.is_alive()
     assert [t["id"] for t in tooltap.api("/turns")["turns"]] and len(tooltap.api("/turns")["turns"]) == 2
+
+
+def test_turns_the_writer_never_confirmed_are_spooled_at_close(tmp_path):
+    """A writer process that is gone for good at shutdown: the proxy still has the turns."""
+    from proxy.store.process import WriterProcess
+
+    writer = WriterProcess(f"sqlite:///{tmp_path / 'w.db'}", spool_path=str(tmp_path / "spool"))
+    writer.start()
+    writer._closing = True  # no replacement: this writer stays dead
+    os.kill(writer._process.pid, signal.SIGKILL)
+    writer._process.join(5)
+    writer.submit(_record(0, [{"role": "user", "content": "kept anyway"}]))
+    writer.close(timeout=1)
+    assert b"kept anyway" in spooled_bodies(writer.spool.path)

@@ -90,9 +90,15 @@ class WriterProcess:
         if self._process.is_alive():
             log.error("the writer process did not stop; terminating it")
             self._process.terminate()
-        self._outbox.put(("closed", None))
+        self._outbox.put(("closed", None))  # after the writer's last confirmations
         if self._listener is not None:
             self._listener.join(5)
+        with self._lock:
+            left = list(self._unconfirmed.values())
+            self._unconfirmed.clear()
+        if left:  # the writer was stuck or died: what it never confirmed is kept
+            log.warning("spooling %d turn(s) the writer did not confirm", len(left))
+            self.spool.append(left)
         self._process = None
         self.engine.dispose()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from contextlib import asynccontextmanager
 
 from .config import RESERVED_PREFIX, Settings
@@ -31,9 +30,6 @@ class TooltapApp:
 
     @asynccontextmanager
     async def _lifespan(self, _app):
-        # The writer thread shares the GIL with the event loop; a shorter switch interval
-        # (default 5 ms) bounds how long a forwarded chunk can wait behind a batch write.
-        sys.setswitchinterval(0.0005)
         self.writer.start()
         self.client = make_client(self.settings)
         self.forwarder = Forwarder(self.settings, self.client, self.writer.submit, self.live)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 DEFAULT_DB = "sqlite:///tooltap.db"
@@ -45,7 +45,6 @@ class Settings:
     connect_timeout: float = 10.0
     read_timeout: float = 600.0  # a slow model may think for minutes before its first byte
     ui_token: str | None = None
-    extra: dict = field(default_factory=dict)
 
     def resolve(self, path: str) -> tuple[Upstream, str] | None:
         """The upstream serving `path` and the path to send it, or None."""

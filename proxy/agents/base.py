@@ -52,6 +52,14 @@ class SessionDecoding:
     def turn(self, turn_id: int) -> dict[str, Any]:
         return self.turns[turn_id]
 
+    def to_json(self) -> dict[str, Any]:
+        """The whole decoding as one JSON-able value (call keys become "turn:index")."""
+        return {
+            "calls": {f"{t}:{i}": v for (t, i), v in self.calls.items()},
+            "turns": {str(t): v for t, v in self.turns.items()},
+            "uids": dict(self.uids),
+        }
+
 
 def decoded_name(kind: str, server: str | None, tool: str, convention: str, **extra: Any) -> dict[str, Any]:
     """The `decoded` dict of a tool call; extra keys (uid, resolved) only when given."""

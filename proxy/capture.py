@@ -186,6 +186,9 @@ class StreamAssembly:
             rec.unparsed_events = len(getattr(self._assembler, "unparsed", ()) or ())
         except Exception as exc:
             self._fail(exc)
+        if rec.unparsed_events:
+            self.error = "; ".join(filter(None, [
+                self.error, f"capture: {rec.unparsed_events} event(s) were not JSON (kept in the raw bytes)"]))
         if self.error:
             rec.error = f"{rec.error}; {self.error}" if rec.error else self.error
 

@@ -164,3 +164,13 @@ def test_stored_path_keeps_the_agents_encoding(tooltap, upstream):
     upstream.routes["/v1/a/b c"] = Reply.json({})
     httpx.get(f"{tooltap.url}/v1/a%2Fb%20c?x=%00")
     assert tooltap.api("/turns")["turns"][0]["path"] == "/v1/a%2Fb%20c?x=%00"
+
+
+def test_unparseable_stream_events_are_flagged_and_kept_raw(tooltap, upstream):
+    body = chunk("good ") + b"data: {not json\n\n" + chunk("end") + b"data: [DONE]\n\n"
+    upstream.routes["/chat/completions"] = Reply.sse(body)
+    httpx.post(f"{tooltap.url}/chat/completions", json=REQ)
+    turn = only_turn(tooltap)
+    assert turn["response"]["choices"][0]["message"]["content"] == "good end"
+    assert "1 event(s) were not JSON" in turn["error"]
+    assert httpx.get(f"{tooltap.url}/_tooltap/api/turns/{turn['id']}/raw").content == body

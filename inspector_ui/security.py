@@ -10,6 +10,7 @@ live stream work without repeating it).
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
@@ -108,13 +109,34 @@ class Guard:
         return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
 
 
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-
-
 def _loopback_host(scope) -> bool:
+    """True only for a Host that names loopback exactly: `localhost`, or a loopback address.
+
+    A prefix test is not enough: `127.0.0.1.attacker.example` is a name the attacker's DNS
+    answers, and after rebinding it reaches us with that Host."""
     host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
-    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1:host.find("]")]
-    return name.lower() in LOOPBACK_NAMES or name.startswith("127.")
+    if host.startswith("["):
+        name, _, port = host[1:].partition("]")
+        port = port[1:] if port.startswith(":") else port
+    else:
+        name, _, port = host.partition(":")
+    if port and not port.isdigit():
+        return False
+    return is_loopback_name(name)
+
+
+def is_loopback_name(name: str) -> bool:
+    """`localhost` or a loopback address (IPv4, IPv6 or IPv4-mapped), nothing that merely
+    starts like one."""
+    name = name.lower().strip("[]")
+    if name in ("localhost", "localhost."):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 async def _plain(send, status: int, body: bytes) -> None:

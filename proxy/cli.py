@@ -68,21 +68,12 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
     )
 
 
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
     """The inspector shows prompts, files and tool results: never serve it to a network
     without a token."""
-    if not _is_loopback(host) and not ui_token:
+    from inspector_ui.security import is_loopback_name
+
+    if not is_loopback_name(host) and not ui_token:
         raise click.UsageError(
             f"--host {host} is not a loopback address: the inspector would show every captured "
             "prompt and tool result to the network. Give --ui-token TOKEN (or set TOOLTAP_UI_TOKEN).")

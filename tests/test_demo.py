@@ -44,7 +44,8 @@ def test_serve_and_demo_refuse_a_public_host_without_a_token(monkeypatch):
 
 
 def test_loopback_hosts():
-    from proxy.cli import _is_loopback
+    from inspector_ui.security import is_loopback_name
 
-    assert all(_is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.1.2.3"))
-    assert not any(_is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+    assert all(is_loopback_name(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.1.2.3"))
+    assert not any(is_loopback_name(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com",
+                                                  "127.0.0.1.attacker.example", "localhost.evil"))

@@ -209,6 +209,27 @@ def test_inspector_refuses_foreign_host_names_without_a_token(tooltap, upstream)
     assert page.status_code == 421
 
 
+REBINDING_HOSTS = [
+    "127.0.0.1.attacker.example", "127.0.0.1.attacker.example:8000", "127.attacker.example",
+    "127.0.0.1.nip.io", "localhost.attacker.example", "localhost.attacker.example:8000",
+    "attacker-localhost", "xlocalhost", "127.0.0.1:8000@attacker.example",
+    "127.0.0.1:8000.attacker.example", "127.0.0.1:80:81", "[::1].attacker.example",
+    "[::1]x", "[fe80::1]", "[::ffff:10.0.0.1]", "0.0.0.0", "10.0.0.1", "192.168.1.10",
+    "2130706433", "0x7f000001", "127.1", "", "evil.com", "LOCALHOST.evil.com",
+]
+LOOPBACK_HOSTS = ["127.0.0.1", "127.0.0.1:8000", "127.9.8.7:1", "localhost", "LocalHost:8000",
+                  "[::1]", "[::1]:8000", "[::ffff:127.0.0.1]:8000"]
+
+
+def test_only_exact_loopback_hosts_reach_an_untokened_inspector(tooltap, cline):
+    for host in REBINDING_HOSTS:
+        r = httpx.get(f"{tooltap.url}/_tooltap/api/turns", headers={"host": host})
+        assert r.status_code == 421 and "华盛顿" not in r.text, host
+    for host in LOOPBACK_HOSTS:
+        r = httpx.get(f"{tooltap.url}/_tooltap/api/turns", headers={"host": host})
+        assert r.status_code == 200 and r.json()["turns"], host
+
+
 def test_captured_html_is_served_as_text_and_curl_is_inert(tooltap, upstream):
     import shlex
     import subprocess

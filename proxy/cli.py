@@ -8,6 +8,7 @@ import os
 import click
 
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
+from .replay.cli import export, replay
 from .schemas.cli import schemas
 
 
@@ -137,3 +138,5 @@ def redecode(db_url) -> None:
 
 
 main.add_command(schemas)
+main.add_command(replay)
+main.add_command(export)

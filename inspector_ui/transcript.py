@@ -132,12 +132,23 @@ def _system(db: DB, reader: Reader, t: Turn, hashes: list[str], blobs: dict[str,
         return blobs[h]
 
     if t.system_hash is not None:
-        return {"hash": t.system_hash, "text": transcript._text(blob(t.system_hash))}
+        return {"hash": t.system_hash, "text": system_text(blob(t.system_hash))}
     if hashes:
         first = blob(hashes[0])
         if isinstance(first, dict) and first.get("role") in ("system", "developer"):
             return {"hash": hashes[0], "text": transcript._text(first.get("content"))}
     return None
+
+
+def system_text(value: Any) -> str:
+    """The text of a stored system prompt, in whichever form its API keeps it: OpenAI
+    chat's leading system/developer messages (a list of messages), Gemini's
+    `systemInstruction` ({parts: [...]}), or Anthropic's string or text blocks."""
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
+        return "\n\n".join(transcript._text(m.get("content")) for m in value)
+    if isinstance(value, dict) and isinstance(value.get("parts"), list):
+        return transcript._text(value["parts"])
+    return transcript._text(value)
 
 
 def reader_response(t: Turn) -> Any:

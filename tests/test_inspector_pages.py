@@ -52,6 +52,8 @@ def test_session_page_shows_the_decoded_transcript(tooltap, cline):
     assert "undeclared_parameter" in html  # task_progress leaked into the MCP call
     assert html.count('class="seg-title">task<') == 1
     assert html.count("system prompt") == 1  # shown once: it never changes in this session
+    # Cline's OpenAI-compatible path keeps its 11 KB prompt as the leading system message.
+    assert "system prompt · 11,220 chars" in html and "You are Cline, a highly skilled" in html
     assert "<svg" in html and "polyline" in html
 
 
@@ -249,3 +251,14 @@ def test_captured_html_is_served_as_text_and_curl_is_inert(tooltap, upstream):
     words = shlex.split(command.replace("\\\n", " "))
     assert words[-1] == "hi\nTOOLTAP_EOF\ntouch /tmp/tooltap-pwned\n" and words[-2] == "--data-binary"
     subprocess.run(["bash", "-n", "-c", command], check=True)
+
+
+def test_system_prompt_text_in_every_api_form():
+    from inspector_ui.transcript import system_text
+
+    assert system_text([{"role": "system", "content": "be brief"},
+                        {"role": "developer", "content": [{"type": "text", "text": "use tools"}]}]) == \
+        "be brief\n\nuse tools"  # OpenAI chat: the leading system/developer messages
+    assert system_text({"parts": [{"text": "be brief"}]}) == "be brief"  # Gemini systemInstruction
+    assert system_text([{"type": "text", "text": "be brief"}]) == "be brief"  # Anthropic blocks
+    assert system_text("be brief") == "be brief"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+from pathlib import Path
 
 import click
 
@@ -27,6 +29,10 @@ def _upstream(ctx, param, values):
         raise click.BadParameter("give at least one --upstream URL (or set TOOLTAP_UPSTREAM)")
     if sum(u.name is None for u in ups) > 1:
         raise click.BadParameter("only one upstream can be served at the root; name the others NAME=URL")
+    names = [u.name for u in ups if u.name]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise click.BadParameter(f"the name {twice[0]!r} is given to more than one upstream")
     return tuple(ups)
 
 
@@ -36,8 +42,8 @@ def _upstream(ctx, param, values):
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
               help="Database URL (sqlite:///FILE or postgresql+psycopg://...).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--read-timeout", default=600.0, show_default=True, type=float,
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds to wait for each upstream read; slow models think before they speak.")
 @click.option("--spool", "spool_path", envvar="TOOLTAP_SPOOL", default=None,
               help="File where turns wait while the database is down (default: beside the SQLite file).")
@@ -53,6 +59,9 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
     from .app import TooltapApp
 
     _require_token_off_loopback(host, ui_token)
+    _check_spool(spool_path)
+    _check_port(host, port)
+    _open_database(db_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
                         spool_path=spool_path, ui_token=ui_token or None)
@@ -69,6 +78,44 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
     )
 
 
+class EnvironmentProblem(click.ClickException):
+    """Something about this machine stops tooltap (a busy port, a database it cannot
+    open): one line, exit 2, never a traceback."""
+
+    exit_code = 2
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail before the banner when the port is taken: the user must not be shown the
+    address of another program."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise EnvironmentProblem(f"port {port} on {host} is already in use (another tooltap?): "
+                                         f"stop it or give --port {port + 1}") from None
+            raise EnvironmentProblem(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _check_spool(spool_path: str | None) -> None:
+    if spool_path and not Path(spool_path).resolve().parent.is_dir():
+        raise click.BadParameter(f"the folder of {spool_path} does not exist", param_hint="--spool")
+
+
+def _open_database(db_url: str, create: bool = True):
+    from .store.db import DatabaseUnavailable, open_database
+
+    try:
+        return open_database(db_url, create=create)
+    except DatabaseUnavailable as exc:
+        raise EnvironmentProblem(str(exc)) from None
+
+
 def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
     """The inspector shows prompts, files and tool results: never serve it to a network
     without a token."""
@@ -82,7 +129,8 @@ def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=None, type=click.IntRange(1, 65535),
+              help="Default: 8000, or a free port when 8000 is taken.")
 @click.option("--db", "db_url", default=None,
               help="Keep the demo's database here (default: a temporary file removed on exit).")
 @click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", default=None, help="As for `serve`.")
@@ -95,6 +143,16 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
     from . import demo as demo_mod
 
     _require_token_off_loopback(host, ui_token)
+    if port is None:
+        try:
+            _check_port(host, 8000)
+            port = 8000
+        except EnvironmentProblem:
+            port = demo_mod.free_port(host)
+    else:
+        _check_port(host, port)
+    if db_url:
+        _open_database(db_url)
     with demo_mod.running(db_url=db_url, host=host, port=port, ui_token=ui_token) as d:
         d.play_all()
         click.echo("tooltap demo: played the cline-weather session, parallel tool calls, an upstream "
@@ -120,12 +178,10 @@ def redecode(db_url) -> None:
     Safe while `tooltap serve` runs: each session is decoded and committed on its own."""
     from sqlmodel import Session as DB, select
 
-    from .store.db import make_engine, migrate
     from .store.decoding import BlobCache, decode_sessions
     from .store.models import Session
 
-    engine = make_engine(db_url)
-    migrate(engine)
+    engine = _open_database(db_url, create=False)
     with DB(engine) as db:
         ids = db.exec(select(Session.id).order_by(Session.started_at)).all()
     cache = BlobCache()

@@ -27,11 +27,17 @@ class Upstream:
         name, sep, url = spec.partition("=")
         if not sep or "://" in name:
             name, url = None, spec
+        elif "/" + name == RESERVED_PREFIX:
+            raise ValueError(f"the upstream name {name!r} is reserved for tooltap's own pages; choose another")
         elif not _NAME.match(name):
             raise ValueError(f"bad upstream name {name!r}: use letters, digits, '.', '_', '-'")
         parts = urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"bad upstream URL {url!r}: expected http(s)://host[:port][/path]")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number in 0-65535
+        except ValueError:
+            raise ValueError(f"bad upstream URL {url!r}: the port is not a number from 1 to 65535") from None
         if parts.query or parts.fragment:
             raise ValueError(f"bad upstream URL {url!r}: no query string or fragment")
         return cls(name=name, url=url.strip().rstrip("/"))

@@ -5,10 +5,7 @@ Reading the store happens here, once; everything downstream works on `Recording`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
-
-from ..config import normalize_db_url
 
 
 class RecordingError(LookupError):
@@ -102,20 +99,14 @@ class Recording:
 
 
 def open_reader(db_url: str):
-    """A Reader over an existing database. A read never creates one: a missing SQLite
-    file is an error that names it, not a new empty database."""
-    from ..store.db import make_engine
+    """A Reader over an existing database: a read never creates one."""
+    from ..store.db import DatabaseUnavailable, open_database
     from ..store.read import Reader
 
-    url = normalize_db_url(db_url)
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = Path(url[len("sqlite:///"):])
-        if not path.is_file():
-            raise RecordingError(f"no tooltap database at {path} (give --db or set TOOLTAP_DB)")
     try:
-        return Reader(make_engine(url))
-    except ImportError as exc:
-        raise RecordingError(f"cannot open {db_url}: {exc} (for Postgres: pip install 'tooltap[postgres]')") from exc
+        return Reader(open_database(db_url, create=False))
+    except DatabaseUnavailable as exc:
+        raise RecordingError(str(exc)) from exc
 
 
 def load(reader, session_id: str) -> Recording:

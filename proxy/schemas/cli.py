@@ -12,6 +12,7 @@ from .diff import diff_toolsets
 from .render import diff_markdown, diff_text, loss_lines, toolset_text
 from .sources import SourceError, ToolSet, default_db, load
 from .spec import SchemaError
+from ..store.db import DatabaseUnavailable
 
 db_option = click.option("--db", "db_url", default=None, metavar="URL",
                          help="tooltap database for turn:/session: sources (default: $TOOLTAP_DB or sqlite:///tooltap.db)")
@@ -29,6 +30,10 @@ def _load(source: str, db_url: str | None) -> ToolSet:
         raise SchemasError(str(exc)) from exc
     except ImportError as exc:
         raise SchemasError(f"{source}: the tooltap database layer is not available ({exc})") from exc
+    except DatabaseUnavailable as exc:
+        raise SchemasError(str(exc)) from exc
+    except RecursionError:
+        raise SchemasError(f"{source}: nested too deeply to read") from None
 
 
 def _dump(value) -> str:
@@ -49,7 +54,10 @@ def list_cmd(db_url: str | None, fmt: str) -> None:
         from proxy.store.read import tool_sets
     except ImportError as exc:
         raise SchemasError(f"the tooltap database layer is not available ({exc})") from exc
-    rows = tool_sets(db_url or default_db())
+    try:
+        rows = tool_sets(db_url or default_db())
+    except DatabaseUnavailable as exc:
+        raise SchemasError(str(exc)) from exc
     if fmt == "json":
         click.echo(_dump({"tool_sets": rows}))
         return
@@ -96,7 +104,7 @@ def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None
     ts = _load(source, db_url)
     try:
         tools, losses = convert_tools(ts.tools, target, profile)
-    except (UnsupportedTarget, SchemaError) as exc:
+    except (UnsupportedTarget, SchemaError, RecursionError) as exc:
         raise SchemasError(str(exc)) from exc
     if fmt == "json":
         click.echo(_dump({"source": ts.source, "from": ts.format, "to": target, "profile": profile,
@@ -118,7 +126,7 @@ def diff(a: str, b: str, fmt: str, db_url: str | None) -> None:
     ta, tb = _load(a, db_url), _load(b, db_url)
     try:
         result = diff_toolsets(ta.tools, tb.tools)
-    except SchemaError as exc:
+    except (SchemaError, RecursionError) as exc:
         raise SchemasError(str(exc)) from exc
     if fmt == "json":
         click.echo(_dump({"a": {"source": a, "format": ta.format}, "b": {"source": b, "format": tb.format}, **result}))

@@ -146,6 +146,8 @@ def from_db(source: str, db_url: str | None = None) -> ToolSet:
             turn_id = int(ident)
         except ValueError:
             raise SourceError(f"turn id must be a number: {ident!r}") from None
+        if not 0 < turn_id < 2**63:
+            raise SourceError(f"{source}: not found in {db_url}")
         tools = read.turn_tools(db_url, turn_id)
     else:
         tools = read.session_tools(db_url, ident)

@@ -34,6 +34,71 @@ def make_engine(url: str, *, busy_timeout: float = 2.0) -> Engine:
     return engine
 
 
+class DatabaseUnavailable(RuntimeError):
+    """A database tooltap cannot use; the message says which and what to do."""
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL, or None (not SQLite, or in memory)."""
+    url = normalize_db_url(url)
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+def open_database(url: str, *, create: bool = True) -> Engine:
+    """An engine on a database that works, migrated to the newest schema.
+
+    Every way this can fail becomes a DatabaseUnavailable with one clear line: an unknown
+    URL, a missing folder, a folder that cannot be written, a file that is not a
+    database, Postgres without its driver or unreachable. With create=False (the read
+    commands) a missing SQLite file is an error instead of a new empty database."""
+    url = normalize_db_url(url)
+    scheme = url.split("://", 1)[0]
+    if not scheme.startswith(("sqlite", "postgresql")):
+        raise DatabaseUnavailable(f"unsupported database URL {url!r}: use sqlite:///FILE (or a file path) "
+                                  "or postgresql+psycopg://USER:PASSWORD@HOST/DB")
+    path = sqlite_path(url)
+    if path is not None:
+        if not create and not path.is_file():
+            raise DatabaseUnavailable(f"no tooltap database at {path} (run `tooltap serve` first, "
+                                      "or give --db / TOOLTAP_DB)")
+        if not path.parent.is_dir():
+            raise DatabaseUnavailable(f"cannot create the database {path}: the folder {path.parent} does not exist")
+        if path.is_dir():
+            raise DatabaseUnavailable(f"cannot use {path} as the database: it is a folder")
+    try:
+        engine = make_engine(url)
+        migrate(engine)
+    except ImportError as exc:
+        if "psycopg" in str(exc):
+            raise DatabaseUnavailable("Postgres needs its driver: pip install 'tooltap[postgres]'") from exc
+        raise DatabaseUnavailable(f"cannot open {url}: {exc}") from exc
+    except Exception as exc:  # sqlalchemy/alembic/driver errors: name the cause, not the stack
+        raise DatabaseUnavailable(f"cannot open the database {_shown(url)}: {_cause(exc)}") from exc
+    return engine
+
+
+def _shown(url: str) -> str:
+    """The URL without its password."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, _, userinfo = head.partition("://")
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{tail}"
+
+
+def _cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None or getattr(exc, "orig", None) is not None:
+        exc = getattr(exc, "orig", None) or exc.__cause__
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "file is not a database" in text or "not a database" in text:
+        return "the file is not a SQLite database (give another --db)"
+    if "readonly" in text or "read-only" in text or "unable to open database file" in text:
+        return f"{text} (is the folder writable?)"
+    return text
+
+
 def _postgres_text_without_nul(dbapi_conn, _record) -> None:
     """Postgres text cannot hold U+0000, which model output can contain: store U+FFFD in
     its place rather than refuse the turn (the exact bytes stay in the raw response)."""

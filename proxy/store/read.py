@@ -218,7 +218,9 @@ def _ms(v: float | None) -> float | None:
 
 @lru_cache(maxsize=4)
 def _reader(db_url: str) -> Reader:
-    return Reader(make_engine(db_url))
+    from .db import open_database
+
+    return Reader(open_database(db_url, create=False))  # a read never creates a database
 
 
 def turn_tools(db_url: str, turn_id: int) -> list[dict] | None:

@@ -1,0 +1,108 @@
+"""A user's mistake or the machine's state gives one clear line and a non-zero exit,
+never a traceback; read commands never create a database."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "proxy"]
+
+
+def run(*args: str, cwd=None, code: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", code, *args] if code else [*CLI, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    assert r.returncode not in (0, None), r
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, r.stderr
+    for needle in needles:
+        assert needle in errors[0], (needle, r.stderr)
+    assert "inspector at" not in r.stdout  # the banner only once the port and database are ready
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_serve_on_a_busy_port_says_so_before_anything_else(tmp_path, busy_port):
+    r = run("serve", "--upstream", "http://127.0.0.1:9", "--port", str(busy_port),
+            "--db", str(tmp_path / "t.db"))
+    assert_one_line_error(r, f"port {busy_port}", "already in use", "--port")
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_demo_picks_another_port_only_when_none_was_asked_for(busy_port):
+    r = run("demo", "--port", str(busy_port))
+    assert_one_line_error(r, f"port {busy_port}", "already in use")
+
+
+@pytest.mark.parametrize("db, needle", [
+    ("bogus://x", "unsupported database URL"),
+    ("/nonexistent/dir/x.db", "folder /nonexistent/dir does not exist"),
+    ("TEXTFILE", "not a SQLite database"),
+    ("DIR", "it is a folder"),
+])
+def test_serve_with_a_database_it_cannot_use(tmp_path, db, needle):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n" * 100)
+    db = {"TEXTFILE": str(text), "DIR": str(tmp_path)}.get(db, db)
+    r = run("serve", "--upstream", "http://127.0.0.1:9", "--db", db, "--port", "1")
+    assert_one_line_error(r, needle)
+
+
+def test_postgres_without_its_driver_says_what_to_install(tmp_path):
+    # The dev extras install psycopg; hide it as a plain `pip install .` would lack it.
+    code = ("import sys; sys.modules['psycopg'] = None; sys.argv[0] = 'tooltap'; "
+            "from proxy.cli import main; main()")
+    r = run("serve", "--upstream", "http://127.0.0.1:9", "--db", "postgresql://u:secret@127.0.0.1:1/x", code=code)
+    assert_one_line_error(r, "pip install 'tooltap[postgres]'")
+    assert "secret" not in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--upstream", "http://127.0.0.1:notaport"], "port is not a number"),
+    (["--upstream", "_tooltap=http://127.0.0.1:9"], "reserved"),
+    (["--upstream", "a=http://127.0.0.1:9", "--upstream", "a=http://127.0.0.1:10"], "more than one upstream"),
+    (["--upstream", "http://127.0.0.1:9", "--port", "99999"], "99999"),
+    (["--upstream", "http://127.0.0.1:9", "--read-timeout", "-5"], "--read-timeout"),
+    (["--upstream", "http://127.0.0.1:9", "--spool", "/nonexistent/dir/spool.jsonl"], "does not exist"),
+])
+def test_serve_validates_its_options_at_start(tmp_path, args, needle):
+    r = run("serve", *args, "--db", str(tmp_path / "t.db"))
+    assert_one_line_error(r, needle)
+    assert not (tmp_path / "t.db").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["schemas", "list"], ["redecode"], ["schemas", "show", "session:abc"],
+    ["replay", "session", "abc", "--recorded"], ["replay", "tools", "abc"], ["export", "abc", "--pytest", "out"],
+])
+def test_read_commands_never_create_a_database(tmp_path, args):
+    r = run(*args, cwd=tmp_path)
+    assert_one_line_error(r, "no tooltap database")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_schemas_errors_on_odd_input(tmp_path):
+    db = tmp_path / "t.db"
+    from proxy.store.db import open_database
+
+    open_database(str(db))
+    r = run("schemas", "diff", "turn:99999999999999999999", "turn:1", "--db", str(db))
+    assert_one_line_error(r, "not found")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"name": "t", "parameters": ' + '{"type": "object", "properties": {"a": ' * 5000
+                    + "{}" + "}}" * 5000 + "}")
+    r = run("schemas", "convert", "--to", "gemini", str(deep))
+    assert_one_line_error(r)

@@ -10,13 +10,14 @@ import json
 import shlex
 from typing import Any
 
+from .longtext import CLIP
 from proxy.secrets import SECRET_HEADERS, _SECRET_PARAM
 
 SKIP = {"host", "content-length", "accept-encoding", "connection", "transfer-encoding", "cookie",
         "x-tooltap-token", "x-tooltap-session"}
 
 
-def as_curl(turn: dict[str, Any], tooltap_url: str) -> str:
+def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> str:
     """The request again, sent through tooltap (`tooltap_url`, where the inspector is
     served) to the same upstream route, so the replay is recorded too."""
     path = turn.get("path") or "/"
@@ -39,8 +40,15 @@ def as_curl(turn: dict[str, Any], tooltap_url: str) -> str:
     body = turn.get("request")
     if body is not None:
         text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-        lines.append(f"--data-binary {shlex.quote(text)}")  # quoted whole: nothing in it runs
+        if len(text) > body_limit:  # a page cannot carry it: the body goes in a file
+            lines.append(f"--data-binary @{request_file_name(turn)}")
+        else:
+            lines.append(f"--data-binary {shlex.quote(text)}")  # quoted whole: nothing in it runs
     return " \\\n  ".join(lines)
+
+
+def request_file_name(turn: dict[str, Any]) -> str:
+    return f"tooltap-turn-{turn.get('id')}-request.json"
 
 
 def _quote_url(url: str) -> str:

@@ -190,3 +190,28 @@ def test_ui_token_refuses_page_api_and_live_without_it(make_tooltap, upstream, p
     assert page.url == tt.url + "/_tooltap/"  # the token left the address bar
     wait_live(page)  # the event stream got through with the cookie
     assert page.request.get(tt.url + "/_tooltap/api/sessions").status == 200
+
+
+def test_a_20_mb_request_gives_pages_a_browser_loads(tooltap, upstream, page):
+    """Long content is cut on pages, with a link to the whole; the curl command reads the
+    body from a file the page offers."""
+    big = "x" * (20 * 1024 * 1024)
+    body = {"model": "m", "messages": [{"role": "user", "content": big}], "stream": True}
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("a short answer")))
+    assert send(tooltap.url, body).status_code == 200
+    tooltap.flush()
+    turn = tooltap.api("/turns")["turns"][0]
+    session_url = f"{tooltap.url}/_tooltap/sessions/{turn['session_id']}"
+    turn_url = f"{tooltap.url}/_tooltap/turns/{turn['id']}"
+    for url in (session_url, turn_url):
+        html = httpx.get(url, timeout=30).text
+        assert len(html.encode()) < 1024 * 1024, (url, len(html))
+        assert "more characters not shown" in html
+    whole = httpx.get(f"{turn_url}/request", timeout=30)
+    assert json.loads(whole.content)["messages"][0]["content"] == big
+    page.goto(turn_url, timeout=20_000)
+    assert "more characters not shown" in page.inner_text("main")
+    curl = page.inner_text("#curl")
+    assert curl.rstrip().endswith(f"--data-binary @tooltap-turn-{turn['id']}-request.json")
+    page.goto(session_url, timeout=20_000)
+    assert page.locator(".clip-note").count() >= 1

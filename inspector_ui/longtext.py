@@ -1,0 +1,20 @@
+"""Long captured text on pages: the start of it, and a link to the whole.
+
+A 20 MB request rendered whole makes a page no browser loads in a minute; a page shows
+the first CLIP characters of any one text and says how much more there is."""
+
+from __future__ import annotations
+
+from markupsafe import Markup, escape
+
+CLIP = 64 * 1024  # characters of one text shown on a page
+
+
+def clip(text, href: str | None = None, limit: int = CLIP) -> Markup:
+    """`text` escaped, cut at `limit` characters with a note (and a link to the whole)."""
+    text = "" if text is None else str(text)
+    if len(text) <= limit:
+        return escape(text)
+    more = f"… {len(text) - limit:,} more characters not shown"
+    link = Markup(' · <a class="clip-link" href="{}">{}</a>').format(href, "the whole text") if href else ""
+    return escape(text[:limit]) + Markup('<span class="clip-note">{}{}</span>').format(more, link)

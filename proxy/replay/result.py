@@ -30,6 +30,7 @@ class TurnVerdict:
     runs: list[bool] = field(default_factory=list)  # one verdict per repeat (live --repeat K)
     lost: list[str] = field(default_factory=list)  # what translating the request lost
     error: str | None = None  # the turn could not be replayed at all (e.g. upstream unreachable)
+    note: str | None = None  # why the turn was left out (live replay skips turns that are not conversations)
 
 
 @dataclass
@@ -71,6 +72,8 @@ def render_text(result: ReplayResult) -> str:
         lines.append(f"  {mark} turn {t.turn_id}: {calls}{runs}")
         if t.error:
             lines.append(f"         error: {t.error}")
+        if t.note:
+            lines.append(f"         {t.note}")
         for d in t.differences:
             lines.append(f"         {d.field}: {d.reason}")
         for loss in t.lost:

@@ -1,0 +1,299 @@
+"""Live replay: each stored request sent to another endpoint, its tool calls compared.
+
+Every turn is sent as it was recorded: the recorded session, not the new model's
+answers, is the context of every turn, so each turn's request is simply its stored body
+(with `--model` swapped in, and translated when `--to` names another API). The answer's
+tool calls are decoded the way the recording's were (Cline's `<uid>0mcp0<tool>` becomes
+`weather/get_forecast`, a tool the target made us rename gets its recorded name back),
+then compared with the recorded calls under the user's `Rules`.
+
+Endpoints: URL is what the target API's own SDK takes as its base URL:
+- OpenAI chat: `{URL}/chat/completions` (URL carries the version: `https://api.openai.com/v1`);
+- Anthropic: `{URL}/v1/messages` (`https://api.anthropic.com`; a URL ending in /v1 is taken as is);
+- Gemini: `{URL}/v1beta/models/{model}:generateContent` (`https://generativelanguage.googleapis.com`;
+  a URL ending in a version segment is taken as is), `:streamGenerateContent?alt=sse` when streaming.
+
+The recorded stream flag is kept: a replay exercises the path the agent used (some
+servers answer differently, or only, when streaming), and a streamed answer is
+reassembled by the same assemblers the proxy uses. Whatever the request asked, the
+answer is read by its content type, so a server that ignores `stream` still works.
+
+Credentials: stored headers hold fingerprints, never keys, so none is forwarded; the key
+given here is sent the way the target expects, plus the user's `-H` headers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .. import apis
+from ..agents.base import CallInput, TurnInput
+from ..agents.session import decode_session
+from ..sse import SSEDecoder
+from .compare import Call, Rules, compare_calls
+from .recording import Recording, RecordedTurn, tool_key
+from .result import Difference, ReplayResult, TurnVerdict
+from .translate import API_NAMES, TranslationError, translate
+
+
+class LiveError(Exception):
+    """The replay cannot start (a bad URL); the message is one line for the user."""
+
+
+TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # models think before they answer
+ANTHROPIC_VERSION = "2023-06-01"
+# Recorded headers that carry the protocol, not the caller: forwarded when the API is kept.
+PROTOCOL_HEADERS = {"anthropic.messages": ("anthropic-version", "anthropic-beta")}
+_VERSION_SEGMENT = re.compile(r"/v\d+(?:alpha|beta)?\d*$")
+
+
+@dataclass
+class Target:
+    """Where and how to send: the base URL, the API (None: as recorded), the model (None:
+    as recorded), the key and the user's extra headers."""
+
+    base: str
+    to_api: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """One turn's request, ready to send."""
+
+    api: str  # the wire API it speaks
+    url: str
+    body: dict
+    headers: dict[str, str]
+    lost: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)  # as sent -> as recorded
+
+
+def replay_live(recording: Recording, url: str, *, model: str | None = None, to_api: str | None = None,
+                repeat: int = 1, rules: Rules | None = None, api_key: str | None = None,
+                headers: dict[str, str] | None = None) -> ReplayResult:
+    """Send each recorded turn `repeat` times to `url` and compare its tool calls."""
+    target = Target(_base_url(url), to_api, model, api_key, dict(headers or {}))
+    rules = rules or Rules()
+    label = target.base + (f" as {to_api}" if to_api else "") + (f" with model {model}" if model else "")
+    result = ReplayResult("live", recording.session_id, label, settings={
+        "url": target.base, "model": model, "to": to_api, "repeat": repeat, "order": rules.order,
+        "args": rules.args, "per_tool": dict(rules.per_tool), "ignore": list(rules.ignore)})
+    uids = _known_uids(recording)
+    seen_losses: set[str] = set()
+    with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
+        for turn in recording.turns:
+            verdict = _replay_turn(client, turn, target, repeat, rules, uids)
+            # Each loss is listed at the first turn it occurs in: the tools repeat every turn.
+            new = [loss for loss in verdict.lost if loss not in seen_losses]
+            seen_losses.update(verdict.lost)
+            verdict.lost = new
+            result.turns.append(verdict)
+    return result
+
+
+def _base_url(url: str) -> str:
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise LiveError(f"--against {url!r}: not a URL ({exc})") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise LiveError(f"--against {url!r}: give an http:// or https:// URL with a host")
+    return str(parsed.copy_with(query=None, fragment=None)).rstrip("/")
+
+
+def _known_uids(recording: Recording) -> dict[str, str]:
+    """uid -> server as the recording resolved them (descriptions or result headers)."""
+    out = {}
+    for turn in recording.turns:
+        for call in turn.calls:
+            d = call.decoded or {}
+            if d.get("uid") and d.get("resolved") and d.get("server"):
+                out[d["uid"]] = d["server"]
+    return out
+
+
+def _replay_turn(client: httpx.Client, turn: RecordedTurn, target: Target, repeat: int, rules: Rules,
+                 uids: dict[str, str]) -> TurnVerdict:
+    recorded = [{"tool": c.tool, "name": c.name, "arguments": c.arguments} for c in turn.calls]
+    verdict = TurnVerdict(turn.id, ok=True, recorded_calls=recorded)
+    skip = _why_skip(turn)
+    if skip:
+        verdict.note = f"skipped: {skip}"
+        return verdict
+    try:
+        prepared = prepare(turn, target)
+    except TranslationError as exc:
+        verdict.ok, verdict.error = False, str(exc)
+        return verdict
+    verdict.lost = prepared.lost
+    expected = [Call(c.tool, _args(c.arguments, c.arguments_raw), c.name) for c in turn.calls]
+    found: dict[tuple, list[int]] = {}  # each difference once, with the runs it occurred in
+    for run in range(1, repeat + 1):
+        try:
+            response = send(client, prepared)
+        except ReplayFailure as exc:
+            verdict.runs.append(False)
+            verdict.error = (f"run {run} of {repeat}: " if repeat > 1 else "") + str(exc)
+            continue
+        actual = decode_calls(turn, prepared, response, uids)
+        verdict.replayed_calls = [{"tool": c.tool, "name": c.name, "arguments": c.arguments} for c in actual]
+        mismatches = compare_calls(expected, actual, rules)
+        verdict.runs.append(not mismatches)
+        for m in mismatches:
+            key = (m.kind, m.path, m.reason, json.dumps(m.expected), json.dumps(m.actual))
+            if key not in found:
+                verdict.differences.append(Difference("tool_calls", m.reason, m.expected, m.actual, m.path, m.kind))
+            found.setdefault(key, []).append(run)
+    if repeat > 1:
+        for d, runs in zip(verdict.differences, found.values()):
+            d.reason = f"run {', '.join(map(str, runs))} of {repeat}: {d.reason}"
+    verdict.ok = all(verdict.runs)
+    return verdict
+
+
+def _why_skip(turn: RecordedTurn) -> str | None:
+    if turn.api not in ("openai.chat", "anthropic.messages", "gemini", "openai.responses"):
+        return f"not a conversation ({turn.method} {turn.path.split('?')[0]})"
+    if not isinstance(turn.request, dict):
+        return "the recorded request is not JSON"
+    if turn.status != "ok":
+        return f"the recorded turn did not succeed ({turn.status}): nothing to compare against"
+    return None
+
+
+def _args(parsed: Any, raw: str) -> Any:
+    # Arguments that did not parse compare as their text.
+    return raw if parsed is None and raw else parsed
+
+
+# -- building the request -----------------------------------------------------------------
+
+def prepare(turn: RecordedTurn, target: Target) -> Prepared:
+    """The request for one recorded turn: body (translated if need be), URL and headers."""
+    source = turn.api
+    api = API_NAMES[target.to_api] if target.to_api else source
+    stream = _recorded_stream(turn)
+    model = target.model or _recorded_model(turn)
+    if api == source:
+        body, lost, renamed = dict(turn.request), [], {}
+        if target.model and source != "gemini":
+            body["model"] = model
+    else:
+        t = translate(turn.request, source, api, model=model, stream=stream)
+        body, lost, renamed = t.body, t.lost, t.renamed
+    sent = {"content-type": "application/json", **_auth(api, target.api_key)}
+    if api == source:  # the recorded protocol headers (anthropic-version, -beta) stand
+        for name in PROTOCOL_HEADERS.get(api, ()):
+            value = next((v for k, v in turn.request_headers if k.lower() == name), None)
+            if value:
+                sent[name] = value
+    sent.update({k.lower(): v for k, v in target.headers.items()})
+    return Prepared(api, _endpoint(target.base, api, model, stream), body, sent, lost, renamed)
+
+
+def _recorded_stream(turn: RecordedTurn) -> bool:
+    if turn.api == "gemini":
+        return ":streamGenerateContent" in turn.path
+    return bool(turn.request.get("stream"))
+
+
+def _recorded_model(turn: RecordedTurn) -> str | None:
+    m = re.search(r"/models/([^/:?]+):", turn.path)
+    if turn.api == "gemini" and m:
+        return m.group(1)
+    return turn.request.get("model") or turn.model
+
+
+def _endpoint(base: str, api: str, model: str | None, stream: bool) -> str:
+    if api == "openai.chat":
+        return f"{base}/chat/completions"
+    if api == "openai.responses":
+        return f"{base}/responses"
+    if api == "anthropic.messages":
+        return f"{base.removesuffix('/v1')}/v1/messages"
+    root = base if _VERSION_SEGMENT.search(base) else f"{base}/v1beta"
+    method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+    return f"{root}/models/{model or 'unknown-model'}:{method}"
+
+
+def _auth(api: str, key: str | None) -> dict[str, str]:
+    out = {"anthropic-version": ANTHROPIC_VERSION} if api == "anthropic.messages" else {}
+    if key:
+        if api == "anthropic.messages":
+            out["x-api-key"] = key
+        elif api == "gemini":
+            out["x-goog-api-key"] = key
+        else:
+            out["authorization"] = f"Bearer {key}"
+    return out
+
+
+# -- sending and reading the answer -------------------------------------------------------
+
+class ReplayFailure(Exception):
+    """This run of a turn got no usable answer (unreachable, HTTP error, stream error)."""
+
+
+def send(client: httpx.Client, prepared: Prepared) -> dict:
+    """POST the request and return the answer as the non-streaming endpoint gives it."""
+    api = apis.by_name(prepared.api)
+    try:
+        with client.stream("POST", prepared.url, json=prepared.body, headers=prepared.headers) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise ReplayFailure(f"HTTP {r.status_code} from {prepared.url}: {_error_text(r)}")
+            if r.headers.get("content-type", "").startswith("text/event-stream"):
+                return _assemble(api, r.iter_bytes())
+            r.read()
+    except httpx.HTTPError as exc:
+        raise ReplayFailure(f"{type(exc).__name__} from {prepared.url}: {exc or 'no answer'}") from exc
+    try:
+        payload = r.json()
+    except ValueError as exc:
+        raise ReplayFailure(f"the answer from {prepared.url} is not JSON: {r.text[:120]!r}") from exc
+    if isinstance(payload, list):  # Gemini streaming without alt=sse: an array of chunks
+        return _assemble(api, [r.content])
+    if not isinstance(payload, dict):
+        raise ReplayFailure(f"the answer from {prepared.url} is not a JSON object")
+    return payload
+
+
+def _assemble(api: Any, chunks) -> dict:
+    decoder, assembler = SSEDecoder(), api.new_assembler()
+    for chunk in chunks:
+        for event in decoder.feed(chunk):
+            assembler.feed(event)
+    for event in decoder.close():
+        assembler.feed(event)
+    if assembler.error:
+        raise ReplayFailure(f"error in the stream: {json.dumps(assembler.error, ensure_ascii=False)[:200]}")
+    return assembler.result()
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        err = r.json().get("error")
+        text = err.get("message") if isinstance(err, dict) else err
+    except (ValueError, AttributeError):
+        text = None
+    return " ".join(str(text or r.text or r.reason_phrase).split())[:200]
+
+
+def decode_calls(turn: RecordedTurn, prepared: Prepared, response: dict, uids: dict[str, str]) -> list[Call]:
+    """The answer's tool calls as comparison sees the recorded ones: each name mapped back
+    to what the recorded tools called it, then decoded by the agent decoders in the
+    context of the recorded request (so a Cline MCP uid resolves to the same server)."""
+    calls = apis.by_name(prepared.api).tool_calls(response)
+    inputs = [CallInput(c.index, c.id, prepared.renamed.get(c.name, c.name), c.arguments_raw, c.arguments,
+                        c.arguments_error) for c in calls]
+    decoding = decode_session([TurnInput(turn.id, None, turn.api, turn.request, None, inputs)], known_uids=uids)
+    return [Call(tool_key(c.name, decoding.calls[(turn.id, c.index)]["decoded"]), _args(c.arguments, c.arguments_raw),
+                 c.name) for c in inputs]

@@ -101,7 +101,8 @@ class Queries:
             more = len(rows) > limit
             rows = rows[:limit]
             nxt = encode_cursor(rows[-1].last_at, rows[-1].id) if more and rows else None
-            return Page([session_json(s) for s in rows], nxt, note,
+            last = self._last_status(db, [s.id for s in rows])
+            return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, note,
                         {s.id: matched[s.id] for s in rows if s.id in matched})
 
     def page_statement(self, f: Filters, cursor: str | None, limit: int, ids: list[str] | None = None):
@@ -209,7 +210,15 @@ class Queries:
         """One row of the sessions list (no turns)."""
         with DB(self.engine) as db:
             s = db.get(Session, session_id)
-            return None if s is None else session_json(s)
+            return None if s is None else {**session_json(s), "last_status": self._last_status(db, [s.id]).get(s.id)}
+
+    @staticmethod
+    def _last_status(db: DB, session_ids: list[str]) -> dict[str, str]:
+        """The status of each session's newest turn: is it working now, or failing?"""
+        if not session_ids:
+            return {}
+        newest = select(func.max(Turn.id)).where(Turn.session_id.in_(session_ids)).group_by(Turn.session_id)
+        return dict(db.exec(select(Turn.session_id, Turn.status).where(Turn.id.in_(newest))).all())
 
     def session_count(self) -> int:
         with DB(self.engine) as db:

@@ -119,7 +119,20 @@ def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn |
         "calls": calls,
         "decoding": decoding,
         "stream_error": t.stream_error,
+        "upstream_message": upstream_message(response, t.stream_error) if t.status == "upstream_error" else None,
     }
+
+
+def upstream_message(response: Any, stream_error: Any) -> str | None:
+    """What the provider said went wrong: `error.message` in OpenAI's, Anthropic's and
+    Gemini's error bodies alike (or in a mid-stream error event)."""
+    for body in (stream_error, response):
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+    return None
 
 
 def _system(db: DB, reader: Reader, t: Turn, hashes: list[str], blobs: dict[str, Any]) -> dict | None:

@@ -262,3 +262,16 @@ def test_system_prompt_text_in_every_api_form():
     assert system_text({"parts": [{"text": "be brief"}]}) == "be brief"  # Gemini systemInstruction
     assert system_text([{"type": "text", "text": "be brief"}]) == "be brief"  # Anthropic blocks
     assert system_text("be brief") == "be brief"
+
+
+def test_upstream_errors_show_their_message_and_the_list_shows_the_status(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json(
+        {"error": {"message": "Rate limit reached for <deepseek-chat>", "type": "rate_limit"}}, status=429)
+    r = httpx.post(tooltap.url + "/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 429
+    turn = tooltap.api("/turns")["turns"][0]
+    html = get(tooltap, f"/_tooltap/sessions/{turn['session_id']}").text
+    assert "429 from the upstream: Rate limit reached for &lt;deepseek-chat&gt;" in html
+    row = get(tooltap, "/_tooltap/").text.split(f'data-session="{turn["session_id"]}"')[1].split("</tr>")[0]
+    assert "st-upstream_error" in row

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import and_, exists, func, not_, or_
 from sqlmodel import Session as DB, select
 
+from proxy.schemas.names import mcp_identity
 from proxy.store import content
 from proxy.store.models import Blob, ChainNode, Session, ToolCallRow, Turn
 from proxy.store.read import Reader, session_json
@@ -254,6 +255,9 @@ class Queries:
                 entry["call_turns"].append(c.turn_id)
                 for v in c.violations or []:
                     entry["violations"].append({**v, "turn_id": c.turn_id})
+        for entry in by_name.values():  # tools never called: decode the name from what was offered
+            if entry["decoded"] is None and (found := mcp_identity(entry["name"], entry.get("description"))):
+                entry["decoded"] = {"kind": "mcp", "server": found[0] or None, "tool": found[1]}
         return sorted(by_name.values(), key=lambda e: (-e["calls"], e["name"]))
 
 

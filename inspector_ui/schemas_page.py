@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 
 from proxy.schemas.convert import TARGETS, convert_tools
 from proxy.schemas.diff import diff_toolsets
+from proxy.schemas.names import mcp_identity
 from proxy.schemas.sources import SourceError, from_db
 
 router = APIRouter()
@@ -17,6 +18,12 @@ def _load(source: str, db_url: str):
         return from_db(source, db_url), None
     except SourceError as exc:
         return None, str(exc)
+
+
+def _mcp_label(name: str, description: str | None) -> str | None:
+    """`server › tool` for an MCP tool name with a per-run uid, as the session page shows it."""
+    found = mcp_identity(name, description)
+    return None if found is None else (f"{found[0]} › {found[1]}" if found[0] else found[1])
 
 
 @router.get("/schemas")
@@ -46,5 +53,7 @@ def schemas(request: Request, a: str = "", b: str = ""):
             for target in TARGETS:
                 _, lost = convert_tools(right.tools, target)
                 losses[target] = [x.to_dict() for x in lost]
-            ctx.update(diff=diff, left=left, right=right, status=status, losses=losses)
+            mcp = {t.name: _mcp_label(t.name, t.description) for t in left.tools + right.tools}
+            ctx.update(diff=diff, left=left, right=right, status=status, losses=losses,
+                       mcp={k: v for k, v in mcp.items() if v})
     return templates.TemplateResponse(request, "schemas.html", ctx)

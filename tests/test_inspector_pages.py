@@ -68,6 +68,7 @@ def test_turn_page_tools_page_download_and_curl(tooltap, cline):
     assert r.json()["tool_calls"][0]["name"] == "cIya4J0mcp0get_forecast"
     tools = get(tooltap, f"/_tooltap/sessions/{cline}/tools").text
     assert "cIya4J0mcp0get_forecast" in tools and "weather › get_forecast" in tools
+    assert "weather › get_alerts" in tools  # offered, never called: decoded from its description
     assert "parameters schema" in tools
 
 
@@ -198,6 +199,7 @@ def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):
     html = get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:3"}).text
     assert "0 breaking</b> of 0 changes" in html and "15 unchanged" in html
     assert "cIya4J0mcp0get_forecast" in html and "gemini" in html
+    assert "weather › get_forecast" in html  # decoded beside the raw name
     assert get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:99"}).status_code == 200
 
 

@@ -107,3 +107,20 @@ class ToolCallRow(SQLModel, table=True):
     task_progress: Any = Field(default=None, sa_column=Column(_JSON))
     result: Any = Field(default=None, sa_column=Column(_JSON))
     violations: Any = Field(default=None, sa_column=Column(_JSON))
+
+
+class ReplayRun(SQLModel, table=True):
+    """One stored replay of a session (proxy/replay/runs.py): what ran, against what, the
+    verdict, and the whole report for the inspector."""
+
+    __tablename__ = "replay_runs"
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(index=True, max_length=64)
+    kind: str = Field(max_length=16)  # "tools" | "recorded" | "live"
+    target: str = Field(sa_column=Column(Text, nullable=False))
+    ok: bool
+    created_at: float
+    turns: int | None = None  # counted from the report, so a list needs no unpacking
+    differing: int | None = None
+    pass_hat_k: float | None = None
+    report: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # zlib of compact JSON

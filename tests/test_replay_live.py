@@ -148,7 +148,7 @@ def anthropic_problems(body: dict) -> list[str]:
 
 def gemini_problems(body: dict) -> list[str]:
     problems = []
-    if "You are Cline" not in json.dumps(body.get("systemInstruction")):
+    if not re.search("You are Cline|Be brief", json.dumps(body.get("systemInstruction"))):
         problems.append("no systemInstruction")
     for decl in body["tools"][0]["functionDeclarations"]:
         if "additionalProperties" in json.dumps(decl) or '"type": "object"' in json.dumps(decl):
@@ -209,6 +209,9 @@ def replay(tooltap, session, url, *args):
 
 def test_same_answers_pass_and_the_key_goes_in_its_header(tooltap, upstream):
     session = record_cline(tooltap, upstream)
+    first = tooltap.api(f"/sessions/{session}")["turns"][0]["id"]
+    stored = dict(tooltap.api(f"/turns/{first}")["request_headers"])["authorization"]
+    assert stored.startswith("Bearer …") and "#" in stored  # what the store keeps: a fingerprint
     with serve({"/v1/chat/completions": speaking("openai", lambda n, b: CALLS[n], openai_problems)}) as target:
         result = replay(tooltap, session, target.url + "/v1", "--api-key", KEY, "-H", "X-Trace: replay-1")
         assert result.exit_code == 0, result.output
@@ -220,7 +223,7 @@ def test_same_answers_pass_and_the_key_goes_in_its_header(tooltap, upstream):
             assert got.json() == recorded  # the recorded history, not the new model's answers
             assert got.header("authorization") == f"Bearer {KEY}"
             assert got.header("x-trace") == "replay-1"
-            assert "#" not in " ".join(v for _, v in got.headers)  # no stored fingerprint forwarded
+            assert stored.split()[1] not in " ".join(v for _, v in got.headers)  # never forwarded
 
         # Without --api-key no credential is sent at all (the stored one is a fingerprint).
         assert replay(tooltap, session, target.url + "/v1", "--model", "other-model").exit_code == 0
@@ -312,11 +315,13 @@ def test_unreachable_endpoint_and_http_errors_are_turn_errors(tooltap, upstream)
 
     replies = [speaking("openai", lambda n, b: CALLS[n])] * 4
     replies[1] = Reply.json({"error": {"message": "model overloaded"}}, status=529)
+    replies[2] = Reply.json({"error": {"message": "quota exceeded"}})  # an error sent with 200
     with serve({"/chat/completions": replies}) as target:
         result = replay(tooltap, session, target.url)
         assert result.exit_code == 1 and len(target.received) == 4  # the run went on
         assert "HTTP 529" in result.output and "model overloaded" in result.output
-        assert "3 of 4 turns identical" in result.output
+        assert "quota exceeded" in result.output
+        assert "2 of 4 turns identical" in result.output
 
 
 def test_a_bad_url_is_one_line_and_exit_2(tooltap, upstream):
@@ -417,11 +422,20 @@ def test_anthropic_session_replayed_as_recorded_and_to_openai(tooltap, upstream)
         assert "stream" not in body and body["max_tokens"] == 100
         assert "renamed to 'get_weather'" in result.output
 
+    with serve({"/v1beta/models/gemini-test:generateContent": speaking("gemini", renamed, gemini_problems)}) as target:
+        result = replay(tooltap, session, target.url + "/v1beta", "--to", "gemini", "--model", "gemini-test")
+        assert result.exit_code == 0, result.output  # not streamed: :generateContent, a JSON answer
+        assert target.received[1].json()["contents"][2] == {"role": "user", "parts": [
+            {"functionResponse": {"name": "get_weather", "response": {"output": "12C"}}}]}
+
 
 def test_turns_that_are_not_conversations_are_skipped(upstream):
     def turn(id, api, path, request, calls=()):
-        return RecordedTurn(id, None, api, "POST" if request else "GET", path, "ok", 200, False, "m", request, [],
-                            None, [], b"", None, None, [], None, None, list(calls), None)
+        return RecordedTurn(id=id, parent_id=None, api=api, method="POST" if request else "GET", path=path,
+                            status="ok", http_status=200, stream=False, model="m", request=request,
+                            request_headers=[], response=None, response_headers=[], raw=b"", content_type=None,
+                            content_encoding=None, timeline=[], ttft_ms=None, duration_ms=None,
+                            calls=list(calls), decoding=None)
 
     recording = Recording("s1", None, None, [
         turn(1, "other", "/v1/models", None),
@@ -433,3 +447,21 @@ def test_turns_that_are_not_conversations_are_skipped(upstream):
     assert result.turns[1].runs == [True] and len(upstream.received) == 1
     with pytest.raises(LiveError):
         replay_live(recording, "file:///etc/passwd")
+
+
+def test_send_reads_every_answer_shape(upstream):
+    from proxy.replay.live import Prepared, ReplayFailure, send
+
+    call = {"functionCall": {"name": "f", "args": {"a": 1}}}
+    upstream.routes["/array"] = Reply.json([{"candidates": [{"content": {"role": "model", "parts": [{"text": "x"}]}}]},
+                                            {"candidates": [{"content": {"role": "model", "parts": [call]}}]}])
+    upstream.routes["/broken"] = Reply.sse(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+                                           b'data: {"error":{"message":"overloaded mid-stream"}}\n\n')
+    upstream.routes["/text"] = Reply(200, [("content-type", "text/plain")], [b"hello"])
+    with httpx.Client() as client:
+        gemini = send(client, Prepared("gemini", upstream.url + "/array", {}, {}))
+        assert gemini["candidates"][0]["content"]["parts"] == [{"text": "x"}, call]
+        with pytest.raises(ReplayFailure, match="overloaded mid-stream"):
+            send(client, Prepared("openai.chat", upstream.url + "/broken", {}, {}))
+        with pytest.raises(ReplayFailure, match="not JSON: 'hello'"):
+            send(client, Prepared("openai.chat", upstream.url + "/text", {}, {}))

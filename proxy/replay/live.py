@@ -34,7 +34,7 @@ import httpx
 from .. import apis
 from ..agents.base import CallInput, TurnInput
 from ..agents.session import decode_session
-from ..sse import SSEDecoder
+from ..sse import Event, SSEDecoder
 from .compare import Call, Rules, compare_calls
 from .recording import Recording, RecordedTurn, tool_key
 from .result import Difference, ReplayResult, TurnVerdict
@@ -150,13 +150,18 @@ def _replay_turn(client: httpx.Client, turn: RecordedTurn, target: Target, repea
         for m in mismatches:
             key = (m.kind, m.path, m.reason, json.dumps(m.expected), json.dumps(m.actual))
             if key not in found:
-                verdict.differences.append(Difference("tool_calls", m.reason, m.expected, m.actual, m.path, m.kind))
+                verdict.differences.append(Difference(_field(m), m.reason, m.expected, m.actual, m.path, m.kind))
             found.setdefault(key, []).append(run)
     if repeat > 1:
         for d, runs in zip(verdict.differences, found.values()):
             d.reason = f"run {', '.join(map(str, runs))} of {repeat}: {d.reason}"
     verdict.ok = all(verdict.runs)
     return verdict
+
+
+def _field(m) -> str:
+    where = f"tool_calls[{m.index}]"
+    return {"argument": f"{where}.arguments", "other_tool": f"{where}.tool"}.get(m.kind, where)
 
 
 def _why_skip(turn: RecordedTurn) -> str | None:
@@ -259,10 +264,14 @@ def send(client: httpx.Client, prepared: Prepared) -> dict:
         payload = r.json()
     except ValueError as exc:
         raise ReplayFailure(f"the answer from {prepared.url} is not JSON: {r.text[:120]!r}") from exc
-    if isinstance(payload, list):  # Gemini streaming without alt=sse: an array of chunks
-        return _assemble(api, [r.content])
+    if isinstance(payload, list):  # Gemini streaming without alt=sse: one JSON array of chunks
+        assembler = api.new_assembler()
+        assembler.feed(Event(r.text))
+        return assembler.result()
     if not isinstance(payload, dict):
         raise ReplayFailure(f"the answer from {prepared.url} is not a JSON object")
+    if payload.get("error") and not any(k in payload for k in ("choices", "content", "candidates", "output")):
+        raise ReplayFailure(f"error from {prepared.url}: {json.dumps(payload['error'], ensure_ascii=False)[:200]}")
     return payload
 
 

@@ -91,9 +91,14 @@ def render_markdown(result: ReplayResult) -> str:
              f"Target: `{result.target}` · {'identical' if result.ok else 'differs'}", "",
              "| turn | verdict | field | what differs |", "|---|---|---|---|"]
     for t in result.turns:
-        rows = [(d.field, d.reason) for d in t.differences] or ([("", t.error)] if t.error else [("", "")])
-        for f, why in rows:
+        rows = [(d.field, d.reason) for d in t.differences]
+        rows += [("error", t.error)] if t.error else []
+        rows += [("note", t.note)] if t.note else []
+        rows += [("lost in translation", loss) for loss in t.lost]
+        for f, why in rows or [("", "")]:
             lines.append(f"| {t.turn_id} | {'ok' if t.ok else '**differs**'} | {f} | {_cell(why)} |")
+    if result.pass_hat_k is not None and any(len(t.runs) > 1 for t in result.turns):
+        lines += ["", f"pass^{max(len(t.runs) for t in result.turns)} = {result.pass_hat_k:.2f}"]
     return "\n".join(lines)
 
 

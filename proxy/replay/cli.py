@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -47,6 +48,63 @@ def replay() -> None:
 
 
 # -- replay tools: converter replay (proxy/replay/tools.py) ------------------------------
+
+@replay.command("tools")
+@click.argument("session_ids", nargs=-1, metavar="[SESSION ...]")
+@click.option("--all", "all_sessions", is_flag=True, help="Every stored session.")
+@db_option
+@format_option
+@record_run_option
+def tools_cmd(session_ids, all_sessions, db_url, fmt, record_run) -> None:
+    """Feed each stored turn's tools and tool calls through every provider format: what
+    each conversion loses, which recorded calls its schema would reject, which names break
+    its rules.
+
+    Exit 0 when no call would be rejected, 1 when one would, 2 on a usage error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .recording import session_ids as stored_ids
+    from .tools import ConverterReplay, ToolsReport
+    from .tools_recording import ToolsLoader
+    from .tools_render import RENDERERS
+
+    if bool(session_ids) == all_sessions:
+        raise ReplayError("give one or more SESSION ids, or --all")
+    reader = _reader(db_url)
+    loader, replay_, report = ToolsLoader(reader), ConverterReplay(), ToolsReport()
+    try:
+        ids = list(stored_ids(reader)) if all_sessions else list(dict.fromkeys(session_ids))
+        with _progress(len(ids)) as advance:
+            for recording in loader.recordings(ids):
+                report.sessions.append(replay_.session(recording))
+                advance()
+        if record_run:
+            from .runs import save_run
+
+            for s in report.sessions:
+                save_run(reader.engine, "tools", s.session_id, "converters", s.ok, s.to_dict())
+    except RecordingError as exc:
+        raise ReplayError(str(exc)) from exc
+    except SQLAlchemyError as exc:
+        raise ReplayError(f"cannot read {db_url}: {str(exc.orig if getattr(exc, 'orig', None) else exc)}") from exc
+    click.echo(RENDERERS[fmt](report))
+    sys.exit(0 if report.ok else 1)
+
+
+@contextlib.contextmanager
+def _progress(total: int):
+    """A progress bar on stderr when someone may be waiting: a terminal, or many sessions."""
+    if not (sys.stderr.isatty() or total > 1):
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("replay tools"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=sys.stderr.isatty()) as bar:
+        task = bar.add_task("sessions", total=total)
+        yield lambda: bar.advance(task)
+
 
 
 # -- replay session: recorded (proxy/replay/recorded.py) and live (proxy/replay/live.py) --

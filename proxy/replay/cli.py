@@ -189,9 +189,9 @@ def export(session_id, db_url, pytest_dir) -> None:
     """Export a stored session."""
     if not pytest_dir:
         raise click.UsageError("say what to export: --pytest DIR")
+    recording = _recording(_reader(db_url), session_id)
     from .export import ExportError, export_pytest
 
-    recording = _recording(_reader(db_url), session_id)
     try:
         written = export_pytest(recording, pytest_dir)
     except ExportError as exc:

@@ -2,7 +2,8 @@
 
 `CassetteUpstream` is an ASGI app. Each request is answered with the recorded
 interaction whose method, path and canonical JSON body match it; identical requests
-(retries) get their recorded answers in recorded order, the last one repeated after that.
+(retries) get their recorded answers in recorded order, the last one repeated after that
+(a test replaying one turn of such a pair names it with `X-Tooltap-Interaction: N`).
 The answer is the recorded status, headers and exact bytes, chunk by chunk at the
 recorded gaps divided by `speed` (1: as recorded, N: N times faster, 0: no waiting).
 
@@ -35,7 +36,11 @@ _NOT_REPLAYED = frozenset({
 # Query parameters that carry keys (Gemini's `?key=`): stored as fingerprints, sent in clear.
 _KEY_PARAMS = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
 MISS_STATUS = 404
+WANTED_HEADER = b"x-tooltap-interaction"  # a test naming which of identical recorded requests it replays
 IGNORED = "<ignored>"
+# What differs in Cline's requests from one run of the same task to the next: the clock
+# and the context-window gauge in every <environment_details>.
+CLINE_VOLATILE = (r"re:# Current Time\n.*", r"re:# Context Window Usage\n.*")
 
 
 # -- what is recorded ----------------------------------------------------------------------
@@ -317,15 +322,17 @@ class CassetteUpstream:
     def _key(self, method: str, path: str, stripped: Any) -> tuple:
         return method.upper(), canonical_path(path), canonical(stripped)
 
-    def match(self, method: str, path: str, request: Any) -> int | Miss:
-        """The interaction that answers this request (an index), or the miss."""
+    def match(self, method: str, path: str, request: Any, wanted: int | None = None) -> int | Miss:
+        """The interaction that answers this request (an index), or the miss. `wanted`
+        picks one of several identical recorded requests (a test replaying one turn of
+        a retried pair); it never makes a request match that would not."""
         stripped = self.ignore.apply(request)
         key = self._key(method, path, stripped)
         found = self._by_key.get(key)
         if found:
             n = self._answered.get(key, 0)
             self._answered[key] = n + 1
-            index = found[min(n, len(found) - 1)]
+            index = wanted if wanted in found else found[min(n, len(found) - 1)]
             self.served.append(index)
             return index
         miss = self._closest(method, path, request, stripped)
@@ -362,7 +369,9 @@ class CassetteUpstream:
         path = path.partition("?")[0]
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
-        found = self.match(scope["method"], path, parse_body(body))
+        wanted = next((v for k, v in scope["headers"] if k.lower() == WANTED_HEADER), b"")
+        found = self.match(scope["method"], path, parse_body(body),
+                           int(wanted) if wanted.isdigit() else None)
         if isinstance(found, Miss):
             payload = json.dumps({"error": found.to_json()}, ensure_ascii=False).encode()
             await send({"type": "http.response.start", "status": MISS_STATUS,
@@ -391,11 +400,28 @@ class CassetteUpstream:
 
 @contextmanager
 def serving(app, host: str = "127.0.0.1") -> Iterator[str]:
-    """Any ASGI app on a real uvicorn on a free loopback port, in a daemon thread."""
-    from ..demo import Served, free_port
+    """Any ASGI app on a real uvicorn on a free port of `host`, in a daemon thread.
+    Plain uvicorn, not `demo.Served`: that one now brings tooltap's own server and app
+    along, which a test process serving a cassette has no use for."""
+    import threading
+    import time
 
-    served = Served(app, host, free_port(host)).start()
+    import uvicorn
+
+    from ..demo import free_port
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=free_port(host), log_level="warning",
+                                           access_log=False, server_header=False, date_header=False,
+                                           timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, daemon=True, name="tooltap-cassette")
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"could not serve the cassette on {host}:{server.config.port}")
+        time.sleep(0.01)
     try:
-        yield f"http://{host}:{served.port}"
+        yield f"http://{host}:{server.config.port}"
     finally:
-        served.stop()
+        server.should_exit = True
+        thread.join(10)

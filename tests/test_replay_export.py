@@ -1,0 +1,237 @@
+"""`tooltap export --pytest`: a recorded session becomes a pytest module and a cassette;
+the module passes as written, fails when the recorded answer changes, and the cassette
+upstream (proxy.testing) never answers a request it did not record."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.replay.cassette import Cassette
+from proxy.replay.upstream import CassetteUpstream, IgnoreRules, Interaction
+from proxy.scripted import Reply
+from proxy.testing import serve_cassette
+from tests.conftest import CLINE
+from tests.test_proxy_e2e import play_cline
+
+SECRET = "sk-cline-secret-0123456789abcdef"  # the key play_cline sends
+
+
+def export(tooltap, directory: Path):
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]["id"]
+    result = CliRunner().invoke(main, ["export", session, "--pytest", str(directory),
+                                       "--db", f"sqlite:///{tooltap.db_path}"])
+    return session, result
+
+
+def run_pytest(directory: Path, *args: str, autoload: bool = False) -> subprocess.CompletedProcess:
+    """The exported module, run the way a user runs it: pytest in its own process. Without
+    `autoload`, only tooltap's plugin is loaded (by its entry point name): seconds faster."""
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    if autoload:
+        env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    plugin = [] if autoload else ["-p", "tooltap"]
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, *args],
+                          cwd=directory, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The cline-weather session recorded through a real tooltap and exported, once for
+    this module (each test gets its own copy)."""
+    from proxy.app import TooltapApp
+    from proxy.config import Settings, Upstream
+    from proxy.scripted import ScriptedUpstream
+    from tests.conftest import Server, Tooltap
+
+    base = tmp_path_factory.mktemp("recorded")
+    scripted = ScriptedUpstream()
+    with Server(scripted) as up:
+        scripted.url = up.url
+        app = TooltapApp(Settings(upstreams=(Upstream.parse(up.url),), db_url=f"sqlite:///{base}/tooltap.db"))
+        with Server(app) as server:
+            tooltap = Tooltap(app, server, base / "tooltap.db")
+            play_cline(tooltap, scripted)
+            session, result = export(tooltap, base / "exported")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("wrote ") == 2
+    return base / "exported"
+
+
+@pytest.fixture
+def exported(recorded, tmp_path):
+    out = shutil.copytree(recorded, tmp_path / "exported")
+    return next(out.glob("*.cassette.json")), next(out.glob("test_*.py"))
+
+
+def test_exported_module_passes_then_fails_when_the_answer_changes(exported):
+    cassette_path, module = exported
+    text = cassette_path.read_text()
+    assert SECRET not in text and SECRET[-8:] not in text and "authorization" not in text.lower()
+    doc = json.loads(text)
+    assert [i["turn"] is not None for i in doc["interactions"]] == [True] * 4
+    assert doc["session"]["mcp_servers"] == {"cIya4J": "weather"}
+    assert doc["interactions"][0]["request"]["body"] == json.loads((CLINE / "turn1/request.json").read_bytes())
+    # The response is the exact stream, as text, with its network cuts and their times.
+    first = doc["interactions"][0]["response"]
+    assert first["body"].encode() == (CLINE / "turn1/response.sse").read_bytes()
+    offsets, times = zip(*first["timeline"])
+    assert offsets[0] == 0 and list(offsets) == sorted(set(offsets)) and times[0] > 0
+    assert first["headers"]["content-type"].startswith("text/event-stream")
+
+    # The expected calls are literals in the module, readable in a diff.
+    source = module.read_text()
+    assert "tool='weather/get_forecast'" in source and "name='cIya4J0mcp0get_forecast'" in source
+    assert "'latitude': 38.9072" in source and "tool='list_files'" in source
+
+    r = run_pytest(module.parent, autoload=True)  # plain `pytest`: the plugin comes with tooltap
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "4 passed" in r.stdout
+
+    # Change what the model answered: get_forecast's latitude, in the recorded stream.
+    edited = text.replace(r'\"arguments\":\".9072,', r'\"arguments\":\".5000,')
+    assert edited != text
+    cassette_path.write_text(edited)
+    r = run_pytest(module.parent)
+    assert r.returncode == 1
+    assert "1 failed, 3 passed" in r.stdout
+    assert "FAILED test_session_" in r.stdout and "::test_turn[turn" in r.stdout
+    assert "call 0 'weather/get_forecast': $.latitude recorded 38.9072, replayed 38.5" in r.stdout
+
+
+def test_a_miss_names_the_closest_request_and_the_cline_clock_is_ignored(exported):
+    cassette_path, _ = exported
+    turn3 = json.loads((CLINE / "turn3/request.json").read_bytes())
+    env = turn3["messages"][-1]["content"][-1]
+    assert "# Current Time\n2026/3/7" in env["text"]
+    env["text"] = env["text"].replace("2026/3/7 下午9:32:23", "2026/4/1 上午8:00:00")
+    with serve_cassette(cassette_path) as served:
+        # A fresh run of the same task differs in the clock only: it still matches.
+        r = httpx.post(served.url + "/chat/completions", json=turn3, timeout=10)
+        assert r.status_code == 200 and b"cIya4J0mcp0get_forecast" in r.content
+        assert not served.misses
+
+        turn3["temperature"] = 0.7
+        r = httpx.post(served.url + "/chat/completions", json=turn3, timeout=10)
+        assert r.status_code == 404 and r.headers["x-tooltap-cassette"] == "miss"
+        error = r.json()["error"]
+        turn_ids = [i.turn_id for i in served.interactions]
+        assert error["closest"]["index"] == 2 and f"(turn {turn_ids[2]})" in error["closest"]["request"]
+        assert error["diff"] == [{"path": "$.temperature", "recorded": 0, "received": 0.7}]
+        assert "closest recorded request: #2" in error["message"]
+        assert len(served.misses) == 1
+
+
+def test_user_code_against_the_fixture(exported):
+    """The official openai SDK pointed at the fixture's URL gets the recorded tool calls;
+    a request that was not recorded fails the test even when the code swallows the error."""
+    cassette_path, module = exported
+    (module.parent / "test_my_agent.py").write_text(f'''
+import json
+import openai
+import pytest
+
+pytestmark = pytest.mark.tooltap_cassette({cassette_path.name!r})
+REQUEST = json.loads({(CLINE / "turn3/request.json").read_text()!r})
+
+
+def test_sdk_gets_the_recorded_calls(tooltap_cassette):
+    client = openai.OpenAI(base_url=tooltap_cassette.url, api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(**REQUEST)
+    name, args = "", ""
+    for chunk in stream:
+        for call in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            name += call.function.name or ""
+            args += call.function.arguments or ""
+    assert name == "cIya4J0mcp0get_forecast"
+    assert json.loads(args)["latitude"] == 38.9072
+
+
+def test_swallowed_miss(tooltap_cassette):
+    client = openai.OpenAI(base_url=tooltap_cassette.url, api_key="unused", max_retries=0)
+    try:
+        client.chat.completions.create(**{{**REQUEST, "model": "another-model"}})
+    except openai.NotFoundError:
+        pass  # agent code that hides errors must not turn a miss into a pass
+''')
+    r = run_pytest(module.parent, "test_my_agent.py")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 failed, 1 passed" in r.stdout
+    assert "FAILED test_my_agent.py::test_swallowed_miss" in r.stdout
+    assert "closest recorded request: #2" in r.stdout
+    assert '$.model: recorded "deepseek-chat", received "another-model"' in r.stdout
+
+
+def test_export_refuses_a_key_left_in_the_session(tooltap, upstream, tmp_path):
+    upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "Done."}, "finish_reason": "stop"}]})
+    pasted = "sk-proj-Zq8vN2xK4mR7tY1wB5cH9jL3pD6fG0sA"
+    r = httpx.post(f"{tooltap.url}/chat/completions", timeout=10, headers={"authorization": f"Bearer {SECRET}"},
+                   json={"model": "m", "messages": [{"role": "user", "content": f"use my key {pasted} please"}]})
+    assert r.status_code == 200
+    out = tmp_path / "refused"
+    _, result = export(tooltap, out)
+    assert result.exit_code == 2
+    assert "interactions[0].request.body.messages[0].content: an sk- API key" in result.output
+    assert pasted not in result.output and "Nothing was written" in result.output
+    assert not out.exists()
+
+
+def test_cassette_upstream_timing_retries_and_encoding():
+    # Identical requests (a retry) get their recorded answers in order; chunks keep their
+    # recorded gaps at speed 1 and shrink at speed 20.
+    def answer(text: str, at: float) -> Interaction:
+        return Interaction("POST", "/v1/x", {"q": 1}, 200, [("content-type", "text/plain")],
+                           [(0.0, b"ok "), (at, text.encode())])
+
+    upstream = CassetteUpstream([answer("first", 600.0), answer("second", 600.0)], speed=1)
+    with upstream.serving() as url:
+        started = time.monotonic()
+        assert httpx.post(url + "/v1/x", json={"q": 1.0}).text == "ok first"
+        slow = time.monotonic() - started
+        upstream.speed = 20
+        started = time.monotonic()
+        assert httpx.post(url + "/v1/x", content=b'{ "q" : 1 }').text == "ok second"
+        fast = time.monotonic() - started
+        assert httpx.post(url + "/v1/x", json={"q": 1}).text == "ok second"  # the last one repeats
+    assert slow >= 0.6 and fast < 0.4  # 30 ms of waiting, on a busy machine
+    assert upstream.served == [0, 1, 1] and not upstream.misses
+
+    rules = IgnoreRules(["$.messages[*].ts", "user", r"re:\d\d:\d\d"])
+    assert rules.apply({"user": "u", "messages": [{"ts": 1, "text": "at 10:42"}, {"text": "b"}],
+                        "meta": {"user": "x"}}) == {"messages": [{"text": "at <ignored>"}, {"text": "b"}],
+                                                    "meta": {}}
+    with pytest.raises(ValueError, match="cannot read the path"):
+        IgnoreRules(["$.a[x"])
+
+
+def test_a_compressed_recording_is_served_decoded(tooltap, upstream):
+    import gzip
+
+    from proxy.replay.recording import load, open_reader
+
+    body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "zip"}}]}).encode()
+    upstream.routes["/chat/completions"] = Reply(200, [("content-type", "application/json"),
+                                                       ("content-encoding", "gzip")], [gzip.compress(body)])
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(f"{tooltap.url}/chat/completions", json=request, timeout=10)
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]["id"]
+    cassette = Cassette.from_recording(load(open_reader(f"sqlite:///{tooltap.db_path}"), session))
+    assert json.loads(cassette.dumps())["interactions"][0]["response"]["body"] == body.decode()
+    with serve_cassette(Cassette.from_json(json.loads(cassette.dumps()))) as served:
+        r = httpx.post(served.url + "/chat/completions", json=request)
+        assert r.content == body and "content-encoding" not in r.headers
+        answer = served.send(0)
+        assert answer.response["choices"][0]["message"]["content"] == "zip" and answer.calls == []

@@ -22,6 +22,7 @@ from ..store.models import ReplayRun
 from ..store.read import iso
 
 KINDS = ("tools", "recorded", "live")
+MAX_ID = 2**63 - 1
 
 _migrated: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _migrating = threading.Lock()
@@ -53,6 +54,8 @@ def runs_of_session(engine: Engine, session_id: str) -> list[dict]:
 
 def run(engine: Engine, run_id: int) -> dict | None:
     """One run with its report, or None."""
+    if not 0 < run_id <= MAX_ID:  # an id from a URL can be any size; SQL's cannot
+        return None
     with DB(engine) as db:
         r = db.get(ReplayRun, run_id)
         return None if r is None else {**_summary(r), "report": content.unpack(r.report)}

@@ -1,0 +1,166 @@
+"""Recorded replay end to end: sessions recorded through a real tooltap, replayed through a
+fresh one (real uvicorn, real writer, SQLite) against their own recorded bytes, by the
+function and by the real CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import time
+import zlib
+
+import httpx
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.demo import chat_sse, words
+from proxy.replay.recorded import replay_recorded
+from proxy.replay.recording import load, open_reader
+from proxy.replay.result import render_text
+from proxy.scripted import Reply
+from tests.test_proxy_e2e import play_cline
+
+
+def recorded(tooltap):
+    tooltap.flush()
+    sessions = tooltap.api("/sessions")["sessions"]
+    assert len(sessions) == 1
+    return load(open_reader(f"sqlite:///{tooltap.db_path}"), sessions[0]["id"])
+
+
+def alter_raw(db_path, turn_id: int, old: bytes, new: bytes) -> None:
+    """Edit the exact bytes stored for one turn (same length, so the timeline still fits)."""
+    assert len(old) == len(new)
+    with sqlite3.connect(db_path) as db:
+        (packed,) = db.execute("SELECT raw FROM turns WHERE id = ?", (turn_id,)).fetchone()
+        raw = zlib.decompress(packed)
+        assert raw.count(old) == 1
+        db.execute("UPDATE turns SET raw = ? WHERE id = ?", (zlib.compress(raw.replace(old, new)), turn_id))
+
+
+def test_cline_weather_replays_identical(tooltap, upstream):
+    play_cline(tooltap, upstream, split=None)
+    recording = recorded(tooltap)
+    result = replay_recorded(recording, speed=0)
+
+    assert result.ok, render_text(result)
+    assert [t.turn_id for t in result.turns] == [t.id for t in recording.turns]
+    assert all(t.ok and not t.differences and t.error is None for t in result.turns)
+    tools = [[c["tool"] for c in t.replayed_calls] for t in result.turns]
+    assert tools == [["list_files"], ["read_file"], ["weather/get_forecast"], []]
+    assert result.turns[2].replayed_calls == result.turns[2].recorded_calls
+    assert result.turns[2].replayed_calls[0]["arguments"]["latitude"] == 38.9072
+    assert result.kind == "recorded" and result.settings["speed"] == 0
+
+    # The CLI says the same, with exit 0.
+    out = CliRunner().invoke(main, ["replay", "session", recording.session_id, "--recorded",
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 0, out.output
+    assert "4 of 4 turns identical" in out.output
+
+
+def test_changed_bytes_are_named_turn_field_and_values(tooltap, upstream):
+    """The stored bytes of turn 3 no longer say what the stored tool call says: the
+    replay decodes the bytes again and names the turn, the field and both values."""
+    play_cline(tooltap, upstream, split=None)
+    recording = recorded(tooltap)
+    turn3 = recording.turns[2]
+    alter_raw(tooltap.db_path, turn3.id, b".0369,", b".0368,")  # one fragment of the arguments
+    recording = load(open_reader(f"sqlite:///{tooltap.db_path}"), recording.session_id)
+
+    result = replay_recorded(recording, speed=0)
+    assert not result.ok
+    assert [t.ok for t in result.turns] == [True, True, False, True]
+    diffs = result.turns[2].differences
+    call = next(d for d in diffs if d.field == "tool_calls[0]")
+    assert call.kind == "argument" and call.path == "$.longitude"
+    assert (call.expected, call.actual) == (-77.0369, -77.0368)
+    assert "weather/get_forecast" in call.reason
+    response = [d for d in diffs if d.field == "response"]
+    assert response and response[0].path == "$.choices[0].message.tool_calls[0].function.arguments"
+    raw = [d for d in diffs if d.field.startswith("tool_calls[0].arguments_raw")]
+    assert raw and "-77.0369" in raw[0].reason and "-77.0368" in raw[0].reason
+
+    out = CliRunner().invoke(main, ["replay", "session", recording.session_id, "--recorded",
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 1, out.output
+    line = next(x for x in out.output.splitlines() if "tool_calls[0]:" in x)
+    assert "$.longitude recorded -77.0369, replayed -77.0368" in line
+    assert f"DIFF turn {turn3.id}" in out.output and "3 of 4 turns identical; 1 differ" in out.output
+
+    # --format json carries the same, machine-readably.
+    out = CliRunner().invoke(main, ["replay", "session", recording.session_id, "--recorded", "--format", "json",
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 1
+    report = json.loads(out.output)
+    assert report["ok"] is False and report["turns"][2]["turn_id"] == turn3.id
+    assert "tool_calls[0]" in [d["field"] for d in report["turns"][2]["differences"]]
+
+
+def test_decoding_status_and_threading_are_compared(tooltap, upstream):
+    """A recording whose stored decoding, status or parent differ from what its requests
+    and bytes give today: each is named."""
+    play_cline(tooltap, upstream, split=None)
+    recording = recorded(tooltap)
+    t1, t2, t3, t4 = recording.turns
+    call = t2.calls[0]
+    edited_call = dataclasses.replace(call, task_progress={**call.task_progress, "done": 3},
+                                      decoded={**call.decoded, "convention": "cline4"})
+    recording.turns = [
+        t1,
+        dataclasses.replace(t2, calls=[edited_call]),
+        dataclasses.replace(t3, parent_id=None, decoding={**t3.decoding, "no_tool_error": True}),
+        dataclasses.replace(t4, status="upstream_error"),
+    ]
+    result = replay_recorded(recording, speed=0)
+    assert [t.ok for t in result.turns] == [True, False, False, False]
+    by = {t.turn_id: {d.field: d for d in t.differences} for t in result.turns}
+
+    tp = by[t2.id]["tool_calls[0].task_progress"]
+    assert tp.path == "$.done" and (tp.expected, tp.actual) == (3, 1)
+    decoded = by[t2.id]["tool_calls[0].decoded"]
+    assert decoded.path == "$.convention" and (decoded.expected, decoded.actual) == ("cline4", "builtin")
+    parent = by[t3.id]["parent"]
+    assert (parent.expected, parent.actual) == (None, t2.id)
+    assert "as the first turn of its session" in parent.reason and f"child of turn {t2.id}" in parent.reason
+    assert by[t3.id]["decoding"].path == "$.no_tool_error"
+    status = by[t4.id]["status"]
+    assert (status.expected, status.actual) == ("upstream_error", "ok")
+    # Result pairing was compared too, and agreed: the placeholder and the real result.
+    assert "tool_calls[0].result" not in by[t2.id]
+
+
+def test_speed_follows_the_recorded_timing(tooltap, upstream):
+    """A stream recorded with 0.2 s between chunks: --speed 1 takes about as long as it
+    did, --speed 4 a quarter of that, --speed 0 no waiting at all."""
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "slowly, please"}]}
+    sse = chat_sse("m", words("one two three"), cid="slow")
+    upstream.routes["/chat/completions"] = Reply.sse(sse, delay=0.2)
+    r = httpx.post(tooltap.url + "/chat/completions", json=body, timeout=10)
+    assert r.status_code == 200 and r.content == sse
+    recording = recorded(tooltap)
+    chunks = recording.turns[0].chunks()
+    recorded_s = chunks[-1][0] / 1000
+    assert len(chunks) >= 4 and recorded_s >= 0.2 * (len(chunks) - 1)
+
+    took = {}
+    for speed in (0, 1, 4):
+        t0 = time.perf_counter()
+        result = replay_recorded(recording, speed=speed)
+        took[speed] = time.perf_counter() - t0
+        assert result.ok, render_text(result)
+    # What a replay costs besides waiting is the same at every speed (give or take a
+    # busy machine); the rest is the recorded gaps divided by the speed.
+    assert recorded_s * 0.75 <= took[1] - took[0] <= recorded_s + 1.5, took
+    assert took[4] - took[0] <= recorded_s / 4 + 1.0, took
+    assert took[1] - took[4] >= recorded_s * 0.75 * 0.75, took
+
+
+def test_unknown_session_is_one_line_and_exit_2(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("hi")))
+    httpx.post(tooltap.url + "/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    tooltap.flush()
+    out = CliRunner().invoke(main, ["replay", "session", "nope", "--recorded", "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 2
+    assert "no session 'nope'" in out.output and "Traceback" not in out.output

@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
 
-router = APIRouter()
+from proxy.store.read import MAX_ID, json_bytes
+
+
+class CapturedJSON(JSONResponse):
+    """Captured values can hold what strict JSON cannot (NaN in a model's tool arguments,
+    lone surrogates): written so that any client reads them, never a 500."""
+
+    def render(self, content) -> bytes:
+        return json_bytes(content)
+
+
+router = APIRouter(default_response_class=CapturedJSON)
+
+
+def _id_sized(name: str, value: int | None) -> None:
+    if value is not None and abs(value) > MAX_ID:
+        raise HTTPException(400, f"{name}={value}: ids stop at 2^63-1")
 
 
 def _reader(request: Request):
@@ -13,11 +30,11 @@ def _reader(request: Request):
 
 @router.get("/sessions")
 def sessions(request: Request, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)):
+    _id_sized("offset", offset)
     return {"sessions": _reader(request).sessions(limit=limit, offset=offset)}
 
 
-@router.get("/sessions/{session_id}")
-def session(request: Request, session_id: str):
+def session(request: Request, session_id: str):  # routed last, see the end of this file
     found = _reader(request).session(session_id)
     if found is None:
         raise HTTPException(404, f"no session {session_id}")
@@ -26,6 +43,7 @@ def session(request: Request, session_id: str):
 
 @router.get("/turns")
 def turns(request: Request, limit: int = Query(50, ge=1, le=1000), before: int | None = None):
+    _id_sized("before", before)
     return {"turns": _reader(request).turns(limit=limit, before=before)}
 
 
@@ -75,3 +93,8 @@ def search(request: Request, q: str = "", model: str = "", tool: str = "", serve
     page = request.app.state.queries.sessions_page(f, cursor=after, limit=limit)
     return {"sessions": page.sessions, "next": page.next_cursor, "matched": page.matched_by,
             "note": page.search_note}
+
+
+# A session id is the client's X-Tooltap-Session and may hold '/' ("team/alice"): its
+# entry takes the rest of the path, so it comes after every /sessions/{id}/... route.
+router.add_api_route("/sessions/{session_id:path}", session, methods=["GET"])

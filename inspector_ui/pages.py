@@ -12,6 +12,8 @@ from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from proxy.store.read import known_id
+
 from . import transcript
 from .curl import as_curl
 from .queries import Filters
@@ -45,15 +47,14 @@ def sessions(request: Request, q: str = "", model: str = "", tool: str = "", ser
     })
 
 
-@router.get("/sessions/{session_id}")
-def session(request: Request, session_id: str):
+def session(request: Request, session_id: str):  # routed last, see the end of this file
     view = transcript.session_view(_reader(request), session_id)
     if view is None:
         raise HTTPException(404, f"no session {session_id}")
     return templates.TemplateResponse(request, "session.html", {"s": view})
 
 
-@router.get("/sessions/{session_id}/tools")
+@router.get("/sessions/{session_id:path}/tools")
 def tools(request: Request, session_id: str):
     found = _queries(request).session_tools(session_id)
     s = _queries(request).session_summary(session_id)
@@ -86,7 +87,7 @@ def download(request: Request, turn_id: int):
 
 # -- fragments for live updates: the same templates, fetched by static/live.js ---------------
 
-@router.get("/fragments/session-row/{session_id}")
+@router.get("/fragments/session-row/{session_id:path}")
 def session_row(request: Request, session_id: str):
     s = _queries(request).session_summary(session_id)
     if s is None:
@@ -96,7 +97,12 @@ def session_row(request: Request, session_id: str):
 
 @router.get("/fragments/turn/{turn_id}")
 def turn_fragment(request: Request, turn_id: int):
-    v = transcript.one_turn_view(_reader(request), turn_id)
+    v = transcript.one_turn_view(_reader(request), turn_id) if known_id(turn_id) else None
     if v is None:
         raise HTTPException(404, f"no turn {turn_id}")
     return templates.TemplateResponse(request, "_turn.html", {"v": v})
+
+
+# A session id is the client's X-Tooltap-Session and may hold '/' ("team/alice"): its
+# page takes the rest of the path, so it comes after every /sessions/{id}/... route.
+router.add_api_route("/sessions/{session_id:path}", session, methods=["GET"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 from pathlib import Path
 
 import click
@@ -12,6 +13,7 @@ import click
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
 from .replay.cli import export, replay
 from .schemas.cli import schemas
+from .secrets import add_secret_names
 
 
 @click.group()
@@ -36,6 +38,13 @@ def _upstream(ctx, param, values):
     return tuple(ups)
 
 
+def _secret_names(ctx, param, values):
+    # Added together, not overridden: a list of names kept in the environment stays in
+    # force when one more is given on the command line.
+    given = [*values, os.environ.get("TOOLTAP_SECRET_HEADERS", "")]
+    return tuple(n for v in given for n in re.split(r"[\s,]+", v) if n)
+
+
 @main.command()
 @click.option("--upstream", "upstreams", multiple=True, callback=_upstream, metavar="URL | NAME=URL",
               help="Where to forward. A bare URL is served at the root; NAME=URL under /NAME/. Repeatable.")
@@ -52,13 +61,18 @@ def _upstream(ctx, param, values):
 @click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", default=None,
               help="Token the inspector asks for on every page, API and live request "
                    "(required when --host is not a loopback address). Env: TOOLTAP_UI_TOKEN.")
-def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token) -> None:
+@click.option("--secret-header", "secret_headers", multiple=True, metavar="NAME", callback=_secret_names,
+              help="Also store this header (or query parameter) only as a fingerprint, beside those whose "
+                   "names say key, token, auth, secret... Repeatable; TOOLTAP_SECRET_HEADERS (comma-separated) "
+                   "adds more.")
+def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers) -> None:
     """Forward agent traffic to the upstream and record every turn."""
     import uvicorn
 
     from .app import TooltapApp
 
     _require_token_off_loopback(host, ui_token)
+    add_secret_names(secret_headers)
     _check_spool(spool_path)
     _check_port(host, port)
     _open_database(db_url)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -14,21 +13,11 @@ from .. import apis
 from ..capture import TurnRecord, assemble, decompress
 from . import content
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
-from .sessions import OTHER_PREFIX, OTHER_TITLE, place, session_key
+from .sessions import OTHER_PREFIX, OTHER_TITLE, chain_root, place, session_key
 
 TITLE_MAX = 200
 KNOWN_MAX = 500_000  # blob and chain hashes remembered as written (~40 MB at most)
 JSON_MAX = 32 << 20  # a bigger body is stored raw, not parsed: it would cost its size many times over
-
-
-def parse_json(data: bytes) -> Any:
-    """The JSON value in `data`, or None when it is not JSON."""
-    if not data:
-        return None
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def _header(headers: list[list[str]], name: str) -> str | None:
@@ -74,7 +63,7 @@ class Ingestor:
 
     def add(self, db: DB, rec: TurnRecord) -> "Ingested":
         api = apis.by_name(rec.api)
-        request = parse_json(rec.request_body)
+        request, request_problem = content.parse_strict(rec.request_body)
         response, response_note = self._response(rec, api)
         turn = Turn(
             session_id="", api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream,
@@ -87,7 +76,7 @@ class Ingestor:
             content_type=_header(rec.response_headers, "content-type"),
             content_encoding=_header(rec.response_headers, "content-encoding"),
             timeline=content.pack(rec.timeline) if rec.timeline else None,
-            error="; ".join(e for e in (rec.error, response_note) if e) or None,
+            error="; ".join(e for e in (rec.error, _request_note(rec, request_problem), response_note) if e) or None,
             stream_error=rec.stream_error,
         )
         if response is not None:
@@ -101,7 +90,7 @@ class Ingestor:
             turn.model = ((api.model(request, response) if api else None) or request.get("model")
                           or _model_in_path(rec.path))
             hashes = self._split_request(db, turn, request, api)
-        chain = content.chain(hashes)
+        chain = content.chain(hashes, chain_root(rec.api, rec.upstream))
         turn.chain_hash = chain[-1] if chain else None
         placement = place(db, chain, session_key(rec.session_hint))
         turn.session_id, turn.parent_id = placement.session_id, placement.parent_id
@@ -122,11 +111,7 @@ class Ingestor:
         turn.tool_call_count = len(calls)
         db.add(turn)
         db.flush()  # the id, and visibility to the next turn's threading in this batch
-        rows = [ToolCallRow(
-            turn_id=turn.id, index=call.index, call_id=call.id, name=call.name,
-            arguments_raw=call.arguments_raw, arguments=call.arguments,
-            arguments_error=call.arguments_error, choice=call.choice,
-        ) for call in calls]
+        rows = [_call_row(turn.id, call) for call in calls]
         db.add_all(rows)
         self._update_session(db, turn, request, placement.new_session)
         return Ingested(turn, request if isinstance(request, dict) else None, response, rows)
@@ -148,9 +133,9 @@ class Ingestor:
             body = decompress(rec.raw_bytes(), _header(rec.response_headers, "content-encoding"))
         except Exception as exc:
             return None, f"response body: cannot decompress ({exc})"
-        parsed = parse_json(body)
-        if parsed is None:
-            return None, "response body: not valid JSON (kept raw)"
+        parsed, problem = content.parse_strict(body)
+        if problem:
+            return None, f"response body: {problem} (kept raw)"
         return parsed, None
 
     def _split_request(self, db: DB, turn: Turn, request: dict, api) -> list[str]:
@@ -199,6 +184,28 @@ class Ingestor:
         if not session.title:
             session.title = first_user_text(request)
         db.add(session)
+
+
+def _call_row(turn_id: int, call: apis.ToolCall) -> ToolCallRow:
+    """A tool call as any database holds it: arguments a model wrote with NaN or half a
+    surrogate pair count as not parsed (their text stays in arguments_raw)."""
+    arguments, error = call.arguments, call.arguments_error
+    problem = None if arguments is None else content.unstorable(arguments)
+    if problem:
+        arguments, error = None, problem
+    safe = content.text_safe
+    return ToolCallRow(
+        turn_id=turn_id, index=call.index, call_id=call.id and safe(call.id), name=safe(call.name),
+        arguments_raw=safe(call.arguments_raw), arguments=arguments, arguments_error=error, choice=call.choice,
+    )
+
+
+def _request_note(rec: TurnRecord, problem: str | None) -> str | None:
+    """Say why a body sent as JSON is kept as bytes (a body of another type, an upload,
+    needs no word)."""
+    if problem is None or "json" not in (_header(rec.request_headers, "content-type") or "").lower():
+        return None
+    return f"request body: {problem} (kept as sent, unparsed)"
 
 
 _MODEL_IN_PATH = re.compile(r"/models/([^/:?]+)")

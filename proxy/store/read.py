@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Callable
 
+import orjson
 from sqlalchemy import func, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session as DB, select
@@ -23,6 +26,14 @@ CHAIN_QUERY = text(
     " FROM chain_nodes n JOIN c ON n.hash = c.parent)"
     " SELECT message_hash FROM c ORDER BY depth"
 )
+
+
+MAX_ID = 2**63 - 1  # SQL's largest integer: a bigger id names nothing (and cannot be bound)
+
+
+def known_id(n: int | None) -> bool:
+    """Could `n` be a stored row's id? Ids from a URL can be any size."""
+    return n is not None and 0 < n <= MAX_ID
 
 
 def iso(t: float | None) -> str | None:
@@ -65,16 +76,20 @@ class Reader:
             return [turn_summary(t, names.get(t.id, [])) for t in turns]
 
     def turn(self, turn_id: int) -> dict | None:
+        if not known_id(turn_id):
+            return None
         with DB(self.engine) as db:
             t = db.get(Turn, turn_id)
             if t is None:
                 return None
+            request, encoding = self.request_as_sent(db, t)
             calls = db.exec(
                 select(ToolCallRow).where(ToolCallRow.turn_id == turn_id).order_by(ToolCallRow.index)
             ).all()
             return {
                 **turn_summary(t, [c.name for c in calls]),
-                "request": self.request(db, t),
+                "request": request,
+                "request_encoding": encoding,
                 "response": content.unpack(t.response),
                 "raw_sha256": t.raw_sha256,
                 "raw_size": t.raw_size,
@@ -87,6 +102,8 @@ class Reader:
 
     def raw(self, turn_id: int) -> tuple[bytes, str | None, str | None] | None:
         """The exact response bytes, their content type and encoding."""
+        if not known_id(turn_id):
+            return None
         with DB(self.engine) as db:
             t = db.get(Turn, turn_id)
             if t is None:
@@ -94,6 +111,8 @@ class Reader:
             return content.inflate(t.raw), t.content_type, t.content_encoding
 
     def timeline(self, turn_id: int) -> list | None:
+        if not known_id(turn_id):
+            return None
         with DB(self.engine) as db:
             t = db.get(Turn, turn_id)
             return None if t is None else (content.unpack(t.timeline) or [])
@@ -101,11 +120,26 @@ class Reader:
     def request(self, db: DB, t: Turn) -> Any:
         return rebuild_request(db, t, lambda h: self.blob(db, h))
 
+    def request_as_sent(self, db: DB, t: Turn) -> tuple[Any, str | None]:
+        """The request body and how the API writes it: "json" (the body as sent, rebuilt),
+        "text" (a body kept as sent: not JSON, or JSON no database can hold), "base64"
+        (bytes that are not UTF-8: binary, compressed), None (no body)."""
+        if t.request_raw is None:
+            body = self.request(db, t)
+            return body, None if body is None else "json"
+        data = content.inflate(t.request_raw)
+        try:
+            return data.decode("utf-8"), "text"
+        except UnicodeDecodeError:
+            return base64.b64encode(data).decode("ascii"), "base64"
+
     def blob(self, db: DB, h: str) -> Any:
         row = db.get(Blob, h)
         return None if row is None else content.unpack(row.data)
 
     def tools_of(self, turn_id: int) -> list | None:
+        if not known_id(turn_id):
+            return None
         with DB(self.engine) as db:
             t = db.get(Turn, turn_id)
             return None if t is None or t.tools_hash is None else self.blob(db, t.tools_hash)
@@ -212,6 +246,26 @@ def text_calls_json(decoding: Any, first_index: int) -> list[dict]:
 
 def _ms(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
+
+
+def json_bytes(value: Any) -> bytes:
+    """`value` as JSON any client can read, whatever was captured: NaN and Infinity (a
+    model may write them in tool arguments) as null, integers beyond 64 bits exactly,
+    lone surrogates as `\\ud800` escapes."""
+    try:
+        return orjson.dumps(value)  # writes NaN and Infinity as null
+    except TypeError:  # integers beyond 64 bits, lone surrogates
+        return json.dumps(_finite(value), separators=(",", ":")).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 # -- module-level helpers for the CLI (one engine per database URL) ----------------------

@@ -7,6 +7,8 @@ is a strict prefix of this one is its parent. A retry or an edited history share
 shorter prefix: it lands in the same session as a new branch (a second child of some
 turn). The system prompt is not part of the chain: two tasks that share one stay apart,
 and a task whose system prompt changes (new MCP servers, new rules) stays one session.
+The chain starts from the wire API and the upstream: an Anthropic and an OpenAI
+conversation that open with the same words are two sessions, not one.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def session_key(hint: str | None) -> str | None:
     if len(hint) <= 64 and hint.isprintable():
         return hint
     return "h-" + digest(hint.encode("utf-8", "surrogateescape"))
+
+
+def chain_root(api: str, upstream: str) -> str:
+    """Where a request's message chain starts: its wire API and upstream."""
+    return digest(f"{api}\n{upstream}".encode("utf-8", "surrogateescape"))
 
 
 # Built once: these run for every turn, and building a query costs more than running it.

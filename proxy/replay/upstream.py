@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode
 
+import orjson
+
 from ..secrets import SECRET_HEADERS
 from .compare import ABSENT, value_diff
 
@@ -143,7 +145,10 @@ class IgnoreRules:
         return bool(self.specs)
 
     def apply(self, value: Any) -> Any:
-        """A copy of `value` with the ignored parts gone."""
+        """A copy of `value` with the ignored parts gone (`value` itself when nothing is
+        ignored: the bodies of a long session are megabytes to copy for nothing)."""
+        if not self.specs:
+            return value
         value = self._walk(value)
         for path in self.paths:
             value = _drop(value, path)
@@ -213,8 +218,13 @@ def parse_body(body: bytes) -> Any:
 
 
 def canonical(value: Any) -> str:
-    """One text per JSON value: keys sorted, 1.0 written as 1 (booleans stay booleans)."""
-    return json.dumps(_numbers(value), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """One text per JSON value: keys sorted, 1.0 written as 1 (booleans stay booleans).
+    Only ever compared with another canonical(): orjson writes it, 5-10x the stdlib."""
+    value = _numbers(value)
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # integers beyond 64 bits: the stdlib writes them exactly
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def _numbers(value: Any) -> Any:

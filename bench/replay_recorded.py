@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,11 @@ def record(turns: list[tuple[bytes, bytes]], db_url: str) -> str:
     return ids[0]
 
 
+def cpu_seconds(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=50)
@@ -126,9 +132,9 @@ def main() -> int:
         recording = load(reader, sid)
         load_s = time.perf_counter() - t0
         assert len(recording.turns) == a.turns
-        seconds = []
+        seconds, cpu = [], []
         for i in range(a.runs + 1):
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(resource.RUSAGE_SELF), time.perf_counter()
             result = replay_recorded(recording, speed=0)
             took = time.perf_counter() - t0
             if not result.ok:
@@ -138,36 +144,43 @@ def main() -> int:
                 return 1
             if i:
                 seconds.append(took)
+                cpu.append(cpu_seconds(resource.RUSAGE_SELF) - c0)
             else:
                 warm_up = took
 
         print(f"[3/3] `tooltap replay session {sid} --recorded` as a fresh process, {a.cli_runs} runs ...", flush=True)
-        cli = []
+        cli, cli_cpu = [], []
         env = {k: v for k, v in os.environ.items() if k != "TOOLTAP_DB"}
         for _ in range(a.cli_runs):
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(resource.RUSAGE_CHILDREN), time.perf_counter()
             p = subprocess.run([*tooltap_cmd(), "replay", "session", sid, "--recorded", "--db", db_url],
                                capture_output=True, text=True, env=env)
             cli.append(time.perf_counter() - t0)
+            cli_cpu.append(cpu_seconds(resource.RUSAGE_CHILDREN) - c0)
             if p.returncode != 0:
                 print(p.stdout[-2000:], p.stderr[-2000:])
                 print(f"the command exited {p.returncode}")
                 return 1
 
     med = median(seconds)
+    load_avg = os.getloadavg()[0]
     results = {"machine": machine(), "params": vars(a), "request_bytes": sent, "load_recording_s": load_s,
                "warm_up_s": warm_up, "replay_s": seconds, "replay_median_s": med,
-               "replay_min_s": min(seconds), "cli_s": cli, "cli_median_s": median(cli),
-               "target_s": TARGET_S, "target_met": med < TARGET_S}
+               "replay_min_s": min(seconds), "replay_cpu_s": cpu, "replay_cpu_median_s": median(cpu),
+               "cli_s": cli, "cli_median_s": median(cli), "cli_cpu_s": cli_cpu,
+               "load_average_1min": load_avg, "target_s": TARGET_S, "target_met": med < TARGET_S}
     print(f"\n== Recorded replay of a {a.turns}-turn session at --speed 0 ==")
     print(table([
         ["load the recording (once)", f"{load_s:.3f}", ""],
         ["replay_recorded, first run (imports)", f"{warm_up:.3f}", ""],
         [f"replay_recorded, median of {a.runs}", f"{med:.3f}",
          f"min {min(seconds):.3f}, max {max(seconds):.3f}, stdev {statistics.pstdev(seconds):.3f}"],
+        ["  CPU seconds it used (all threads), median", f"{median(cpu):.3f}", "what it takes on an idle machine"],
         [f"tooltap replay session --recorded, median of {a.cli_runs}", f"{median(cli):.3f}",
          f"min {min(cli):.3f}, max {max(cli):.3f} (a fresh process: imports, load, replay, print)"],
+        ["  CPU seconds it used, median", f"{median(cli_cpu):.3f}", ""],
     ], ["", "seconds", ""]))
+    print(f"load average (1 min) at the end: {load_avg:.2f} on {os.cpu_count()} cores")
     print(f"\n== Target ==\nreplay median {med:.3f} s (< {TARGET_S} s)  {'MET' if results['target_met'] else 'NOT MET'}")
     out = write_results("replay_recorded", results)
     print(f"\nresults: {out}")

@@ -7,6 +7,8 @@ from fastapi.responses import JSONResponse
 
 from proxy.store.read import MAX_ID, json_bytes
 
+from . import replays
+
 
 class CapturedJSON(JSONResponse):
     """Captured values can hold what strict JSON cannot (NaN in a model's tool arguments,
@@ -94,6 +96,8 @@ def search(request: Request, q: str = "", model: str = "", tool: str = "", serve
     return {"sessions": page.sessions, "next": page.next_cursor, "matched": page.matched_by,
             "note": page.search_note}
 
+
+router.include_router(replays.api_router)  # /sessions/{id}/replays (GET, POST), /replays/{run_id}
 
 # A session id is the client's X-Tooltap-Session and may hold '/' ("team/alice"): its
 # entry takes the rest of the path, so it comes after every /sessions/{id}/... route.

@@ -14,7 +14,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from proxy.store.read import known_id
 
-from . import transcript
+from . import replays, transcript
 from .curl import as_curl
 from .queries import Filters
 from .rawview import raw_view
@@ -51,7 +51,9 @@ def session(request: Request, session_id: str):  # routed last, see the end of t
     view = transcript.session_view(_reader(request), session_id)
     if view is None:
         raise HTTPException(404, f"no session {session_id}")
-    return templates.TemplateResponse(request, "session.html", {"s": view})
+    return templates.TemplateResponse(request, "session.html", {
+        "s": view, "runs": replays.session_runs(request, session_id),
+        "converters": replays.converter_replay_available()})
 
 
 @router.get("/sessions/{session_id:path}/tools")
@@ -102,6 +104,8 @@ def turn_fragment(request: Request, turn_id: int):
         raise HTTPException(404, f"no turn {turn_id}")
     return templates.TemplateResponse(request, "_turn.html", {"v": v})
 
+
+router.include_router(replays.page_router)  # /replays/{run_id}
 
 # A session id is the client's X-Tooltap-Session and may hold '/' ("team/alice"): its
 # page takes the rest of the path, so it comes after every /sessions/{id}/... route.

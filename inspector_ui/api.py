@@ -84,6 +84,20 @@ def timeline(request: Request, turn_id: int):
     return {"timeline": [{"offset": o, "ms": ms} for o, ms in found]}
 
 
+@router.get("/health")
+def health(request: Request):
+    """The writer's backlog (turns not yet in the database), the bytes waiting on disk
+    (journal and spool) and its recent rate; "degraded" while turns can only wait in memory."""
+    writer = request.app.state.tooltap.writer
+    stats = writer.health() if hasattr(writer, "health") else {}
+    problems = []
+    if stats.get("held_in_memory"):
+        problems.append(f"{stats['held_in_memory']} turn(s) held in memory: the journal's disk cannot be written")
+    if stats.get("alive") is False:
+        problems.append("the writer process is not running")
+    return {"status": "degraded" if problems else "ok", "problems": problems, "writer": stats}
+
+
 @router.get("/search")
 def search(request: Request, q: str = "", model: str = "", tool: str = "", server: str = "",
            status: str = "", since: str = "", until: str = "", after: str | None = None,

@@ -78,6 +78,7 @@ class Ingestor:
             timeline=content.pack(rec.timeline) if rec.timeline else None,
             error="; ".join(e for e in (rec.error, _request_note(rec, request_problem), response_note) if e) or None,
             stream_error=rec.stream_error,
+            uid=getattr(rec, "uid", None) or None,  # the journal's id: a turn is never stored twice
         )
         if response is not None:
             turn.response = content.pack(response)

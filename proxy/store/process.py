@@ -2,11 +2,21 @@
 
 Storage is work that can wait: in a separate process it shares no GIL with the event
 loop, and under a load that saturates the CPU the scheduler serves the agents' traffic
-first while the writer falls behind and catches up afterwards. Turns travel to it as
-plain data over a pipe (a long response as the path of its temporary file); it answers
-with the live events of stored turns and with acknowledgements of flushes.
+first while the writer falls behind and catches up afterwards.
+
+Turns travel to it through the journal (journal.py), not through memory: the proxy
+appends each finished turn to a segment file off the request path, and the writer
+reads the segments, never more than `memory_bytes` of turns at a time. A backlog, then,
+waits on disk, whatever its size; a SIGKILL of the proxy loses nothing that reached the
+file (a power loss, at most the last fsync interval); a writer that dies is replaced and
+its successor reads on from the oldest turn not yet stored; a writer whose proxy died
+exits. The pipe carries only small messages: flushes, the writer's progress, and the
+live events of stored turns.
 
 `WriterProcess` has the interface of `writer.Writer`, which runs inside the child.
+Settings (environment): TOOLTAP_FSYNC_MS (200), TOOLTAP_WRITER_MEMORY_MB (64),
+TOOLTAP_JOURNAL (the journal's folder; default beside the spool),
+TOOLTAP_JOURNAL_SEGMENT_MB (8; two segments are reserved on disk ahead of need).
 """
 
 from __future__ import annotations
@@ -18,42 +28,84 @@ import os
 import queue
 import signal
 import threading
+import time
 from typing import Any
 
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
+from .journal import FSYNC_SECONDS, SEGMENT_BYTES, Journal, JournalReader, Position, lock_writer
 from .spool import Spool
+from .writer import Rate
 
 log = logging.getLogger("tooltap.store")
 
 NICENESS = 10
+MEMORY_BYTES = 64 << 20
+POLL_SECONDS = 0.05  # how often the writer looks for new turns in the journal
 _context = mp.get_context("spawn")  # the parent has threads and an event loop: never fork it
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def journal_dir(spool_path: str) -> str:
+    """`.<name>.journal` beside the spool (hidden: it is tooltap's working space)."""
+    folder, name = os.path.split(os.path.abspath(spool_path))
+    for suffix in (".spool.jsonl", ".jsonl"):
+        if name.endswith(suffix):
+            name = name[:-len(suffix)]
+            break
+    return os.path.join(folder, f".{name}.journal")
+
+
+def _env_number(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number < 0:
+        log.warning("%s=%r is not a number of 0 or more; using %g", name, value, default)
+        return default
+    return number
 
 
 class WriterProcess:
     def __init__(self, db_url: str, spool_path: str, *, busy_timeout: float = 2.0,
-                 live: LiveHub | None = None):
+                 live: LiveHub | None = None, journal: str | None = None, fsync_seconds: float | None = None,
+                 memory_bytes: int | None = None, segment_bytes: int | None = None):
         self.db_url = db_url
         self.busy_timeout = busy_timeout
         self.engine = make_engine(db_url, busy_timeout=busy_timeout)
         self.spool = Spool(spool_path)
         self.live = live
-        self.written = 0  # as of the child's last report
+        if fsync_seconds is None:
+            fsync_seconds = _env_number("TOOLTAP_FSYNC_MS", FSYNC_SECONDS * 1000) / 1000
+        if memory_bytes is None:
+            memory_bytes = int(_env_number("TOOLTAP_WRITER_MEMORY_MB", MEMORY_BYTES / 2**20) * 2**20)
+        if segment_bytes is None:
+            segment_bytes = int(_env_number("TOOLTAP_JOURNAL_SEGMENT_MB", SEGMENT_BYTES / 2**20) * 2**20)
+        self.memory_bytes = max(memory_bytes, 1 << 16)
+        self.journal = Journal(journal or os.environ.get("TOOLTAP_JOURNAL") or journal_dir(spool_path),
+                               fsync_seconds=fsync_seconds, segment_bytes=max(segment_bytes, 1 << 16))
+        self.written = 0  # as of the child's last report, over every child so far
         self.spooled = 0
+        self.rate = Rate()
         self._process: Any = None
         self._listener: threading.Thread | None = None
         self._flushes: dict[int, threading.Event] = {}
         self._ids = itertools.count(1)
-        # Every turn is kept here until the writer says it is stored or spooled: a writer
-        # that dies takes nothing with it, its successor gets the turns again.
-        self._unconfirmed: dict[int, TurnRecord] = {}
-        self._lock = threading.Lock()
-        self._receipts = itertools.count(1)
+        self._confirmed: Position = (0, 0)  # everything before it is stored or spooled
+        self._child = (0, 0, 0)  # the current child's written, spooled, spool turns
+        self._base = (0, 0)  # written, spooled by the children before it
+        self._spawn_lock = threading.Lock()
+        self._closing = False
 
     def start(self) -> None:
         migrate(self.engine)  # here, so a bad database URL fails the start, not the child
         self._closing = False
+        self.journal.start()
         self._spawn()
         self._listener = threading.Thread(target=self._listen, name="tooltap-writer-events", daemon=True)
         self._listener.start()
@@ -63,44 +115,75 @@ class WriterProcess:
         self._inbox, self._outbox = _context.Queue(), _context.Queue()
         self._process = _context.Process(
             target=_child, name="tooltap-writer", daemon=False,
-            args=(self.db_url, self.spool.path, self.busy_timeout, self._inbox, self._outbox),
+            args=(self.db_url, self.spool.path, self.journal.slot, self.busy_timeout, self.memory_bytes,
+                  os.getpid(), self._inbox, self._outbox),
         )
-        self._process.start()
+        # Stop signals stay blocked while the child starts (it inherits this thread's
+        # mask): a Ctrl-C to the process group during its imports must not kill it.
+        # It ignores them, then unblocks them (see _child).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            self._process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def submit(self, record: TurnRecord) -> None:
-        with self._lock:
-            record.seq = next(self._receipts)
-            self._unconfirmed[record.seq] = record
-            self._inbox.put(("turn", record))  # pickled by the queue's own feeder thread
+        self.journal.submit(record)  # a queue put: the journal's thread writes it
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything submitted so far is committed or spooled."""
+        deadline = time.monotonic() + timeout
+        end = self.journal.mark(timeout)
+        self._revive()  # a writer that just died would never answer
         n = next(self._ids)
         done = self._flushes[n] = threading.Event()
-        self._inbox.put(("flush", n))
-        done.wait(timeout)
+        self._inbox.put(("flush", (n, end)))
+        done.wait(max(0.0, deadline - time.monotonic()))
         self._flushes.pop(n, None)
 
     def close(self, timeout: float = 30.0) -> None:
         if self._process is None:
             return
         self._closing = True
-        self._inbox.put(("stop", None))
-        self._process.join(timeout + 5)  # the child's own close() spools what it cannot commit
-        if self._process.is_alive():
-            log.error("the writer process did not stop; terminating it")
-            self._process.terminate()
+        self.journal.close()  # every turn accepted is on disk now (or counted as lost)
+        # The child stops storing a little before the parent stops waiting (a stop signal's
+        # grace is counted): what it has not stored by then stays in the journal.
+        self._inbox.put(("stop", (self.journal.end(), timeout * 0.75)))
+        self._process.join(timeout)
+        killed = self._process.is_alive()
+        if killed:  # it ignores SIGTERM (see _child)
+            log.error("the writer process did not stop in %.1f s; killing it", timeout)
+            self._process.kill()
+            self._process.join(1)
         self._outbox.put(("closed", None))  # after the writer's last confirmations
         if self._listener is not None:
-            self._listener.join(5)
-        with self._lock:
-            left = list(self._unconfirmed.values())
-            self._unconfirmed.clear()
-        if left:  # the writer was stuck or died: what it never confirmed is kept
-            log.warning("spooling %d turn(s) the writer did not confirm", len(left))
-            self.spool.append(left)
+            self._listener.join(0.5 if killed else 5)
+        left = self.journal.hand_over(self.spool, self._confirmed)
+        if left:  # the writer was stuck or died: what it never confirmed waits in the spool
+            log.warning("spooled %d turn(s) the writer did not confirm", left)
+        self.journal.release()
         self._process = None
         self.engine.dispose()
+
+    def health(self) -> dict:
+        """For /_tooltap/api/health: what waits, where, and how fast it goes."""
+        journal_turns, journal_bytes = self.journal.backlog(self._confirmed)
+        process = self._process
+        return {
+            "backlog": self.journal.pending() + journal_turns + self._child[2],
+            "spool_bytes": journal_bytes + self.spool.size(),
+            "turns_per_s": self.rate.per_second(),
+            "written": self.written,
+            "spooled": self.spooled,
+            "held_in_memory": self.journal.held,  # the disk is full: these wait in RAM
+            "lost": self.journal.lost,
+            "journal": self.journal.slot,
+            "journal_bytes": journal_bytes,
+            "memory_bound_bytes": self.memory_bytes,
+            "fsync_ms": round(self.journal.fsync_seconds * 1000),
+            "pid": process.pid if process is not None else None,
+            "alive": bool(process is not None and process.is_alive()),
+        }
 
     def _listen(self) -> None:
         while True:
@@ -111,31 +194,38 @@ class WriterProcess:
                 continue
             if kind == "closed":
                 return
-            if kind == "done":
-                with self._lock:
-                    for seq in payload:
-                        self._unconfirmed.pop(seq, None)
+            if kind == "progress":
+                confirmed, *counts = payload
+                self._note(*counts)
+                if tuple(confirmed) > self._confirmed:
+                    self._confirmed = tuple(confirmed)
+                    self.journal.forget_before(confirmed[0])
             elif kind == "event" and self.live is not None:
                 self.live.publish_threadsafe(payload)
             elif kind == "flushed":
-                n, self.written, self.spooled = payload
+                n, *counts = payload
+                self._note(*counts)
                 done = self._flushes.get(n)
                 if done is not None:
                     done.set()
 
+    def _note(self, written: int, spooled: int, spool_turns: int) -> None:
+        self._child = (written, spooled, spool_turns)
+        self.written, self.spooled = self._base[0] + written, self._base[1] + spooled
+        self.rate.note(self.written)
 
     def _revive(self) -> None:
-        """A writer that died (a crash, the OOM killer) is replaced; the turns waiting in
-        the pipe go to its successor."""
-        process = self._process
-        if process is None or self._closing or process.is_alive():
-            return
-        with self._lock:
-            log.error("the writer process exited (code %s); starting another with its %d "
-                      "unconfirmed turn(s)", process.exitcode, len(self._unconfirmed))
+        """A writer that died (a crash, the OOM killer) is replaced; its successor reads
+        the journal from the oldest turn not yet confirmed (what it finds stored already
+        it skips)."""
+        with self._spawn_lock:
+            process = self._process
+            if process is None or self._closing or process.is_alive():
+                return
+            log.error("the writer process exited (code %s); starting another", process.exitcode)
+            self._base = (self.written, self.spooled)
+            self._child = (0, 0, self._child[2])
             self._spawn()
-            for record in self._unconfirmed.values():  # in submission order
-                self._inbox.put(("turn", record))
 
 
 class _Events:
@@ -148,31 +238,89 @@ class _Events:
         self.outbox.put(("event", event))
 
 
-def _child(db_url: str, spool_path: str, busy_timeout: float, inbox, outbox) -> None:
+def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_bytes: int,
+           parent_pid: int, inbox, outbox) -> None:
     from .writer import Writer
 
-    # Ctrl-C reaches the whole process group; the parent decides when the writer stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C (and a closed terminal's SIGHUP) reach the whole process group; the parent
+    # decides when the writer stops.
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     try:
         os.nice(NICENESS)
     except OSError:
         pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    writer = Writer(db_url, spool_path, busy_timeout=busy_timeout, live=_Events(outbox))
-    writer.on_done = lambda records: outbox.put(("done", [r.seq for r in records if r.seq]))
+    lock_writer(slot)  # held until this process exits
+    reader = JournalReader(slot)
+    writer = Writer(db_url, spool_path, busy_timeout=busy_timeout, live=_Events(outbox), durable=True)
+
+    def counts():
+        return writer.written, writer.spooled, writer.spool.count
+
+    def done(records) -> None:
+        reader.confirm(records)
+        outbox.put(("progress", (reader.confirmed, *counts())))
+
+    writer.on_done = done
+    from ..otel.live import attach_from_environment
+
+    attach_from_environment(writer)  # `serve --otlp-endpoint`: spans of stored turns, after commit
     writer.start(migrate_first=False)  # the parent migrated; the database may be down by now
+    feed = _Feed(reader, writer, memory_bytes)
     while True:
-        try:
-            kind, payload = inbox.get()
-        except (EOFError, OSError):  # the parent is gone: store what came, then stop
-            kind, payload = "stop", None
-        if kind == "turn":
-            writer.submit(payload)
-        elif kind == "flush":
+        if os.getppid() != parent_pid:
+            kind, payload = "orphaned", None
+        else:
+            feed.top_up()
+            try:
+                kind, payload = inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                kind, payload = "orphaned", None
+        if kind == "flush":
+            n, end = payload
+            feed.catch_up(end, time.monotonic() + 10)
             writer.flush()
-            outbox.put(("flushed", (payload, writer.written, writer.spooled)))
+            outbox.put(("flushed", (n, *counts())))
         elif kind == "stop":
-            writer.close()
-            outbox.put(("flushed", (0, writer.written, writer.spooled)))
+            end, timeout = payload
+            deadline = time.monotonic() + timeout
+            feed.catch_up(end, deadline)
+            writer.close(max(0.1, deadline - time.monotonic()))
+            outbox.put(("progress", (reader.confirmed, *counts())))
+            outbox.put(("flushed", (0, *counts())))
             return
+        elif kind == "orphaned":
+            # The proxy is gone (SIGKILL): finish what is in hand and go; the journal keeps
+            # the rest for the next tooltap, whose writer waits for this one to exit.
+            log.warning("tooltap's main process is gone; the writer stops (the journal keeps "
+                        "what is not stored yet)")
+            writer.close(5.0)
+            os._exit(0)  # nobody reads the pipe any more: do not wait to flush it
+
+
+class _Feed:
+    """Moves turns from the journal to the writer, never more than `memory_bytes` of them
+    waiting in memory: a longer backlog stays on disk."""
+
+    def __init__(self, reader: JournalReader, writer, memory_bytes: int) -> None:
+        self.reader, self.writer, self.memory_bytes = reader, writer, memory_bytes
+
+    def top_up(self) -> None:
+        while (room := self.memory_bytes - self.reader.outstanding_bytes) > 0:
+            entries = self.reader.read(room)
+            if not entries:
+                return
+            for entry in entries:
+                self.writer.submit(entry)
+
+    def catch_up(self, end: Position, deadline: float) -> None:
+        """Read up to `end` (for a flush or a stop), as memory allows, until `deadline`."""
+        while tuple(self.reader.position) < tuple(end) and time.monotonic() < deadline:
+            before = self.reader.position
+            self.top_up()
+            if self.reader.position == before:
+                time.sleep(0.01)  # at the memory bound: wait for the writer

@@ -1,7 +1,9 @@
 """The spool: where turns wait when the database cannot take them (locked, down, disk full).
 
 One JSON line per turn, bytes in base64. The writer appends here instead of dropping a
-turn, and replays the file into the database once it answers again.
+turn, and replays the file into the database once it answers again, a batch at a time
+(memory stays flat however long the outage was). A turn keeps its unique id in the
+spool, so a replay cut short by a crash and started again stores nothing twice.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ import base64
 import dataclasses
 import json
 import os
+import shutil
 import threading
+from typing import Iterator
 
 from ..capture import TurnRecord
+from .journal import JournaledTurn
 
 _BYTES = ("request_body", "raw")
 
@@ -24,20 +29,22 @@ def encode(record: TurnRecord) -> str:
     return json.dumps(data)  # ASCII: one line per turn, whatever the text holds
 
 
-def decode(line: str) -> TurnRecord:
+def decode(line: str | bytes) -> TurnRecord:
     data = json.loads(line)
     for key in _BYTES:
         data[key] = base64.b64decode(data[key])
-    return TurnRecord(**data)
+    return JournaledTurn(**data) if "uid" in data else TurnRecord(**data)
 
 
 class Spool:
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()
+        self.count = sum(_lines(p) for p in (path, self._replaying))  # turns waiting here
 
     def append(self, records: list[TurnRecord]) -> None:
         self._append(self.path, records)
+        self.count += len(records)
 
     def _append(self, path: str, records: list[TurnRecord]) -> None:
         lines = "".join(encode(r) + "\n" for r in records)
@@ -58,53 +65,83 @@ class Spool:
     def pending(self) -> bool:
         return any(_size(p) for p in (self.path, self._replaying))
 
+    def size(self) -> int:
+        return _size(self.path) + _size(self._replaying)
+
     @property
     def _replaying(self) -> str:
         return self.path + ".replaying"
 
-    def take(self) -> list[TurnRecord]:
-        """Move the spooled turns out of the spool for a replay. The `.replaying` file stays
-        until `done()`, so a crash mid-replay loses nothing: the next take reads it again.
-        A line that does not parse is moved to `.bad`, never discarded."""
+    def replay(self, max_records: int, max_bytes: int) -> Iterator[tuple[list[TurnRecord], list[int]]]:
+        """The spooled turns, oldest first, in batches of at most `max_records` turns or
+        about `max_bytes`, each turn with the offset of its line in the `.replaying` file
+        (for `keep_from`). The file stays until `done()`, so a crash mid-replay loses
+        nothing: the next replay reads it again. A line that does not parse is moved to
+        `.bad`, never discarded."""
         with self._lock:
             if _size(self.path):
-                with open(self.path, "rb") as src, open(self._replaying, "ab") as dst:
-                    dst.write(src.read())
-                os.remove(self.path)
-            try:
-                with open(self._replaying, encoding="utf-8") as f:
-                    lines = f.read().split("\n")  # not splitlines: U+2028 may sit in a line
-            except FileNotFoundError:
-                return []
-        records, bad = [], []
-        for line in lines:
-            if line.strip():
+                if os.path.exists(self._replaying):
+                    with open(self.path, "rb") as src, open(self._replaying, "ab") as dst:
+                        shutil.copyfileobj(src, dst)
+                        dst.flush()
+                        os.fsync(dst.fileno())
+                    os.remove(self.path)
+                else:
+                    os.replace(self.path, self._replaying)
+        try:
+            f = open(self._replaying, "rb")
+        except FileNotFoundError:
+            return
+        with f:
+            batch, offsets, size, offset = [], [], 0, 0
+            for line in f:  # split on b"\n" only: U+2028 inside a line is not an end
+                start, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
                 try:
-                    records.append(decode(line))
+                    batch.append(decode(line))
+                    offsets.append(start)
+                    size += len(line)
                 except (ValueError, TypeError, KeyError):
-                    bad.append(line + "\n")
-        if bad:
-            with open(self.path + ".bad", "a", encoding="utf-8") as f:
-                f.writelines(bad)
-        return records
+                    with open(self.path + ".bad", "ab") as bad:
+                        bad.write(line if line.endswith(b"\n") else line + b"\n")
+                if len(batch) >= max_records or size >= max_bytes:
+                    yield batch, offsets
+                    batch, offsets, size = [], [], 0
+            if batch:
+                yield batch, offsets
 
-    def keep(self, records: list[TurnRecord]) -> None:
-        """A replay stopped part way: these (oldest first) wait for the next take."""
+    def stored(self, n: int) -> None:
+        """`n` replayed turns are in the database."""
+        self.count = max(0, self.count - n)
+
+    def keep_from(self, offset: int) -> None:
+        """A replay stopped part way: the turns from `offset` on wait for the next one.
+        If the rest cannot be rewritten (a full disk), the whole file is read again next
+        time; the turns already stored are recognised by their ids."""
         tmp = self._replaying + ".tmp"
-        with self._lock:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("".join(encode(r) + "\n" for r in records))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._replaying)
+        try:
+            with self._lock:
+                with open(self._replaying, "rb") as src, open(tmp, "wb") as dst:
+                    src.seek(offset)
+                    shutil.copyfileobj(src, dst)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.replace(tmp, self._replaying)
+        except OSError:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
 
     def done(self) -> None:
-        """The taken turns are in the database (or back in the spool)."""
+        """The replayed turns are in the database (or back in the spool)."""
         with self._lock:
             try:
                 os.remove(self._replaying)
             except FileNotFoundError:
                 pass
+            self.count = _lines(self.path)
 
 
 def _size(path: str) -> int:
@@ -112,3 +149,14 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def _lines(path: str) -> int:
+    n = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                n += chunk.count(b"\n")
+    except OSError:
+        pass
+    return n

@@ -6,31 +6,37 @@ full), turns go to the spool file, in arrival order, and are replayed once it an
 again; while the spool holds anything, new turns queue behind it so a session's turns
 land in order. A turn the database refuses for good (a value it cannot store) is set
 aside whole in the quarantine file, never allowed to hold the others back. `close()`
-drains the queue: SIGINT/SIGTERM flush everything pending.
+drains the queue: SIGINT/SIGTERM flush everything pending. A turn that carries a unique
+id (from the journal, see journal.py) and is already in the database is skipped: a
+journal or spool read again after a crash stores nothing twice.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
 import time
 from typing import Callable
 
+from sqlalchemy import event
 from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlmodel import Session as DB
+from sqlmodel import Session as DB, select
 
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
 from .decoding import BlobCache, RecentTurns, decode_new_turns
 from .ingest import Ingestor
+from .models import Turn
 from .spool import Spool
 
 log = logging.getLogger("tooltap.store")
 
 BATCH_SECONDS = 0.2
 BATCH_MAX = 200
+SPOOL_BATCH_BYTES = 16 << 20  # a spool replay reads this much at a time
 RETRY_SECONDS = 2.0
 # The database is unavailable for now (locked, unreachable, disk full, timed out): wait
 # and retry. Anything else is a problem with one turn's data.
@@ -40,19 +46,27 @@ _STOP = object()
 
 class Writer:
     def __init__(self, db_url: str, spool_path: str, *, busy_timeout: float = 2.0,
-                 live: LiveHub | None = None):
+                 live: LiveHub | None = None, durable: bool = False):
         self.db_url = db_url
         self.engine = make_engine(db_url, busy_timeout=busy_timeout)
+        if durable and self.engine.dialect.name == "sqlite":
+            # The journal forgets a turn once it is committed: the commit must survive a
+            # power loss too (Postgres commits are durable already).
+            event.listen(self.engine, "connect", _sync_every_commit)
         self.spool = Spool(spool_path)
+        self.journaled = durable  # the turns come from a journal, which keeps them until confirmed
         self.live = live
         self.written = 0  # turns committed, for tests and stats
         self.spooled = 0
+        self.duplicates = 0  # turns skipped because their id was already stored
+        self.rate = Rate()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ingestor = Ingestor(self.engine.dialect.name)
         self._blobs = BlobCache()
         self._recent = RecentTurns()
         self._retry_after = 0.0  # monotonic time before which the spool is not retried
+        self._stopping = False
         self.on_done: Callable[[list[TurnRecord]], None] | None = None
 
     def start(self, migrate_first: bool = True) -> None:
@@ -67,13 +81,20 @@ class Writer:
     def close(self, timeout: float = 30.0) -> None:
         if self._thread is None:
             return
+        self._stopping = True
         self._queue.put(_STOP)
         self._thread.join(timeout)
         if self._thread.is_alive():  # stuck on the database: what is still queued is spooled
             left = self._drain()
             if left:
-                log.warning("database did not answer in %.0f s; spooling %d turn(s)", timeout, len(left))
-                self.spool.append(left)
+                log.warning("database did not answer in %.1f s; spooling %d turn(s)", timeout, len(left))
+                try:
+                    self.spool.append(left)
+                except OSError as exc:
+                    log.error("%s %d turn(s): the spool cannot be written either (%s)",
+                              "the journal keeps" if self.journaled else "LOST", len(left), exc.strerror or exc)
+                else:
+                    self._release(left)  # taken care of: whoever waits on them must not spool them again
         self._thread = None
         self.engine.dispose()
 
@@ -82,6 +103,10 @@ class Writer:
         done = threading.Event()
         self._queue.put(done)
         done.wait(timeout)
+
+    def health(self) -> dict:
+        return {"backlog": self._queue.qsize() + self.spool.count, "spool_bytes": self.spool.size(),
+                "turns_per_s": self.rate.per_second(), "written": self.written, "spooled": self.spooled}
 
     # -- the writer thread ---------------------------------------------------------------
 
@@ -151,7 +176,7 @@ class Writer:
         """Commit `records`. Returns those left over, in order, because the database is
         unavailable; a turn it refuses for good is quarantined instead."""
         try:
-            events = self._commit(records)
+            events, stored = self._commit(records)
         except UNAVAILABLE as exc:
             self._forget()
             log.warning("database unavailable (%s: %s)", type(exc).__name__, str(exc).splitlines()[0])
@@ -167,23 +192,47 @@ class Writer:
                 if self._store([record]):
                     return records[i:]  # the database went away meanwhile
             return []
-        self.written += len(records)
+        self.written += stored
+        self.duplicates += len(records) - stored
+        self.rate.note(self.written)
         self._release(records)
         if self.live is not None:
             for event in events:
                 self.live.publish_threadsafe(event)
         return []
 
-    def _commit(self, records: list[TurnRecord]) -> list[dict]:
-        """One transaction for the batch; returns the live events to announce it."""
+    def _commit(self, records: list[TurnRecord]) -> tuple[list[dict], int]:
+        """One transaction for the batch; returns the live events to announce it and how
+        many turns were new."""
         with DB(self.engine, autoflush=False) as db:  # ingest flushes where it must
+            records = self._unseen(db, records)
             stored = [self._ingestor.add(db, r) for r in records]
             db.flush()
             decode_new_turns(db, stored, self._recent, self._blobs)
             events = [{"type": "turn_stored", "turn_id": s.turn.id, "session_id": s.turn.session_id,
                        "live_id": r.live_id} for s, r in zip(stored, records)]
             db.commit()
-        return events
+        return events, len(records)
+
+    @staticmethod
+    def _unseen(db: DB, records: list[TurnRecord]) -> list[TurnRecord]:
+        """The turns not stored yet: a turn read again from the journal or the spool
+        after a crash is recognised by its id. (The unique index on turns.uid is the
+        guarantee; this keeps it from ever being tripped.)"""
+        uids = [u for u in (getattr(r, "uid", "") for r in records) if u]
+        if not uids:
+            return records
+        seen = set(db.exec(select(Turn.uid).where(Turn.uid.in_(uids))).all())
+        fresh = []
+        for r in records:
+            uid = getattr(r, "uid", "")
+            if uid and uid in seen:
+                continue
+            seen.add(uid)
+            fresh.append(r)
+        if len(fresh) < len(records):
+            log.info("skipped %d turn(s) already stored (read again after a restart)", len(records) - len(fresh))
+        return fresh
 
     def _forget(self) -> None:
         """After a rollback: what the caches say was written may not have been."""
@@ -193,13 +242,29 @@ class Writer:
     def _spool(self, records: list[TurnRecord]) -> None:
         if not records:
             return
+        said = False
         while True:
             try:
                 self.spool.append(records)
                 break
-            except OSError:  # not even the spool can be written (disk full): keep trying
-                log.exception("cannot write the spool %s; retrying", self.spool.path)
+            except OSError as exc:  # not even the spool can be written (disk full): keep trying
+                if not said:
+                    log.error("cannot write the spool %s (%s): %d turn(s) wait in memory%s; retrying",
+                              self.spool.path, exc.strerror or exc, len(records),
+                              " (the journal keeps them too)" if self.journaled else "")
+                    said = True
+                if self._stopping:
+                    if self.journaled:
+                        log.warning("stopping: %d turn(s) neither stored nor spooled stay in the journal",
+                                    len(records))
+                    else:
+                        log.error("LOST %d turn(s): neither the database nor the spool could take them "
+                                  "before the writer stopped", len(records))
+                    return  # not released: a journal still has them
                 time.sleep(RETRY_SECONDS)
+                records = self._store(records)  # the database may be back first
+                if not records:
+                    return
         self.spooled += len(records)
         self._retry_after = time.monotonic() + RETRY_SECONDS
         self._release(records)
@@ -209,16 +274,20 @@ class Writer:
         database cannot take and keep the rest for the next try."""
         if not self.spool.pending() or (not force and time.monotonic() < self._retry_after):
             return
-        records = self.spool.take()
-        for i in range(0, len(records), BATCH_MAX):
-            left = self._store(records[i:i + BATCH_MAX])
+        replayed = 0
+        batches = self.spool.replay(BATCH_MAX, SPOOL_BATCH_BYTES)
+        for records, offsets in batches:
+            left = self._store(records)
+            self.spool.stored(len(records) - len(left))
+            replayed += len(records) - len(left)
             if left:
-                self.spool.keep(left + records[i + BATCH_MAX:])
+                batches.close()
+                self.spool.keep_from(offsets[len(records) - len(left)])
                 self._retry_after = time.monotonic() + RETRY_SECONDS
                 return
         self.spool.done()
-        if records:
-            log.info("replayed %d spooled turn(s) into the database", len(records))
+        if replayed:
+            log.info("replayed %d spooled turn(s) into the database", replayed)
 
     def _release(self, records: list[TurnRecord]) -> None:
         """These turns are taken care of (stored, spooled or quarantined)."""
@@ -226,3 +295,31 @@ class Writer:
             r.release()
         if self.on_done is not None:
             self.on_done(records)
+
+
+class Rate:
+    """Turns per second over the last few seconds, from a running total."""
+
+    WINDOW = 10.0
+
+    def __init__(self) -> None:
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def note(self, total: int) -> None:
+        now = time.monotonic()
+        self._samples.append((now, total))
+        while len(self._samples) > 2 and now - self._samples[1][0] > self.WINDOW:
+            self._samples.popleft()
+
+    def per_second(self) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
+        span = max(time.monotonic() - t0, t1 - t0, 1e-3)
+        return round((n1 - n0) / span, 2)
+
+
+def _sync_every_commit(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.close()

@@ -1,0 +1,74 @@
+"""A database that falls behind: the backlog waits on disk, memory stays flat, nothing is
+lost, and /_tooltap/api/health says how much waits where."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from tests.test_journal import reply, serve, stored  # noqa: F401 (serve: a fixture)
+
+BODY = 256 * 1024
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_path, upstream, serve):
+    upstream.routes["/chat/completions"] = reply()
+    db = tmp_path / "b.db"
+    s = serve(db, env={"TOOLTAP_WRITER_MEMORY_MB": "1"})
+    idle = s.health()
+    assert idle["status"] == "ok" and idle["writer"]["backlog"] == 0
+    assert idle["writer"]["memory_bound_bytes"] == 1 << 20
+    s.post(0)
+    s.wait_stored(1)
+    writer = s.health()["writer"]["pid"]
+    before = rss_mb(s.proc.pid), rss_mb(writer)
+
+    lock = sqlite3.connect(db, timeout=0)
+    lock.execute("BEGIN EXCLUSIVE")  # nothing can be committed until the test lets go
+    try:
+        n, padding = 120, "x" * BODY  # 30 MB of turns, thirty times the memory bound
+        numbers = iter(range(1, n + 1))
+        take = threading.Lock()
+
+        def agent():
+            while True:
+                with take:
+                    i = next(numbers, None)
+                if i is None:
+                    return
+                assert s.post(i, content=padding).status_code == 200
+
+        agents = [threading.Thread(target=agent) for _ in range(4)]
+        for a in agents:
+            a.start()
+        for a in agents:
+            a.join(30)
+        deadline = time.monotonic() + 10
+        while (h := s.health()["writer"])["backlog"] < n:
+            assert time.monotonic() < deadline, h
+            time.sleep(0.1)
+        assert h["backlog"] == n and h["written"] == 1
+        assert h["spool_bytes"] >= n * BODY  # on disk: the journal, then the spool
+        after = rss_mb(s.proc.pid), rss_mb(writer)
+        grown = [a - b for a, b in zip(after, before)]
+        assert max(grown) < n * BODY / 2**20 / 3, (before, after)
+        assert stored(db)[0] == 1
+    finally:
+        lock.rollback()
+        lock.close()
+    s.wait_stored(n + 1, timeout=30)
+    rows, numbers_stored = stored(db)
+    assert rows == n + 1 and numbers_stored == list(range(n + 1))
+    done = s.health()
+    assert done["status"] == "ok" and done["writer"]["backlog"] == 0 and done["writer"]["written"] == n + 1
+    assert done["writer"]["turns_per_s"] > 0
+    s.stop()

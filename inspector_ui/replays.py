@@ -86,7 +86,7 @@ def start_replay(request: Request, session_id: str):
 
 def run_replays(reader, session_id: str) -> list[int]:
     from proxy.replay.compare import Rules
-    from proxy.replay.recorded import replay_recorded
+    from proxy.replay.recorded import ReplayFailed, replay_recorded
     from proxy.replay.recording import RecordingError, load
 
     try:
@@ -94,7 +94,10 @@ def run_replays(reader, session_id: str) -> list[int]:
     except RecordingError as exc:
         raise HTTPException(404, str(exc)) from exc
     ids = []
-    result = replay_recorded(recording, speed=0, rules=Rules())
+    try:
+        result = replay_recorded(recording, speed=0, rules=Rules())
+    except ReplayFailed as exc:
+        raise HTTPException(503, str(exc)) from exc
     ids.append(runs.save_run(reader.engine, "recorded", session_id, result.target, result.ok, result.to_dict()))
     if converter_replay_available():
         ids.append(_converter_run(reader, recording))

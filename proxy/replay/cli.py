@@ -151,9 +151,12 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
     reader = _reader(db_url)
     recording = _recording(reader, session_id)
     if recorded:
-        from .recorded import replay_recorded
+        from .recorded import ReplayFailed, replay_recorded
 
-        result = replay_recorded(recording, speed=speed, rules=rules)
+        try:
+            result = replay_recorded(recording, speed=speed, rules=rules)
+        except ReplayFailed as exc:
+            raise ReplayError(str(exc)) from exc
     else:
         from .live import LiveError, replay_live
 

@@ -28,7 +28,7 @@ from ..store.sessions import OTHER_PREFIX
 from .compare import ABSENT, Call, Rules, compare_calls, value_diff
 from .recording import RecordedCall, RecordedTurn, Recording
 from .result import Difference, ReplayResult, TurnVerdict
-from .upstream import CassetteUpstream, Interaction, around_difference, decoded_chunks, serving, short
+from .upstream import CassetteUpstream, Interaction, around_difference, decoded_chunks, short
 
 MAX_PER_FIELD = 10  # differences listed per field of a turn; the rest are counted
 MAX_VALUE_CHARS = 2000  # a value kept whole in a Difference up to this size
@@ -48,7 +48,7 @@ def replay_recorded(recording: Recording, *, speed: float = 0.0, rules: Rules | 
     cassette = CassetteUpstream(interactions, speed=speed)
     with tempfile.TemporaryDirectory(prefix="tooltap-replay-") as tmp:
         db_url = f"sqlite:///{Path(tmp) / 'replay.db'}"
-        with serving(cassette) as upstream_url, _fresh_tooltap(upstream_url, db_url) as (url, app):
+        with _servers(cassette, db_url) as (url, app):
             errors = _send(url, recording, interactions, cassette, speed)
             _settle(app)
         replayed = _read_back(db_url)
@@ -60,26 +60,33 @@ def replay_recorded(recording: Recording, *, speed: float = 0.0, rules: Rules | 
 # -- running the fresh tooltap -----------------------------------------------------------------
 
 @contextmanager
-def _fresh_tooltap(upstream_url: str, db_url: str) -> Iterator[tuple[str, Any]]:
+def _servers(cassette: CassetteUpstream, db_url: str) -> Iterator[tuple[str, Any]]:
+    """The cassette and a fresh tooltap in front of it, each on a real uvicorn on a free
+    port; yields tooltap's URL and app. Both are stopped together, the writer with them."""
     from ..app import TooltapApp
     from ..config import Settings, Upstream
     from ..demo import Served, free_port
-
     from ..store.writer import Writer
 
-    settings = Settings(upstreams=(Upstream.parse(upstream_url),), db_url=db_url)
-    # The writer that `tooltap serve` runs in its own process, here in a thread: the same
-    # storing and decoding, without a process to spawn (seconds on a busy machine, where
-    # its lower priority also starves it).
-    app = TooltapApp(settings, writer=Writer(db_url, settings.spool_file()))
+    started: list[Served] = []
     try:
-        served = Served(app, "127.0.0.1", free_port()).start()
-    except RuntimeError as exc:
-        raise ReplayFailed(f"could not start a tooltap to replay through: {exc}") from exc
-    try:
-        yield f"http://127.0.0.1:{served.port}", app
+        try:
+            upstream = Served(cassette, "127.0.0.1", free_port()).start()
+            started.append(upstream)
+            settings = Settings(upstreams=(Upstream.parse(f"http://127.0.0.1:{upstream.port}"),), db_url=db_url)
+            # The writer that `tooltap serve` runs in its own process, here in a thread: the
+            # same storing and decoding, without a process to spawn (seconds on a busy
+            # machine, where its lower priority also starves it).
+            app = TooltapApp(settings, writer=Writer(db_url, settings.spool_file()))
+            started.append(Served(app, "127.0.0.1", free_port()).start())
+        except (RuntimeError, OSError) as exc:
+            raise ReplayFailed(f"could not start a tooltap to replay through: {exc}") from exc
+        yield f"http://127.0.0.1:{started[-1].port}", app
     finally:
-        served.stop()  # its lifespan closes the writer
+        for served in started:  # ask both at once: each takes a tick of its loop to notice
+            served.server.should_exit = True
+        for served in started:
+            served.thread.join(10)
 
 
 def _send(url: str, recording: Recording, interactions: list[Interaction], cassette: CassetteUpstream,

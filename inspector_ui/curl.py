@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from .longtext import CLIP
-from proxy.secrets import SECRET_HEADERS, _SECRET_PARAM
+from proxy.secrets import _SECRET_PARAM, is_secret_name
 
 SKIP = {"host", "content-length", "accept-encoding", "connection", "transfer-encoding", "cookie",
         "x-tooltap-token", "x-tooltap-session"}
@@ -31,7 +31,7 @@ def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> s
         low = name.lower()
         if low in SKIP:
             continue
-        if low in SECRET_HEADERS:
+        if is_secret_name(low):
             scheme = value.split(" ", 1)[0] if " " in value else ""
             value = f"{scheme} $API_KEY" if scheme else "$API_KEY"
             lines.append(f'-H "{name}: {value}"')  # double quotes: the shell fills in $API_KEY
@@ -40,7 +40,8 @@ def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> s
     body = turn.get("request")
     if body is not None:
         text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-        if len(text) > body_limit:  # a page cannot carry it: the body goes in a file
+        # A page cannot carry a long body, nor a shell argument a binary one: use a file.
+        if len(text) > body_limit or turn.get("request_encoding") == "base64":
             lines.append(f"--data-binary @{request_file_name(turn)}")
         else:
             lines.append(f"--data-binary {shlex.quote(text)}")  # quoted whole: nothing in it runs

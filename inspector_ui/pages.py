@@ -15,7 +15,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from proxy.store.read import known_id
 
 from . import replays, transcript
-from .curl import as_curl
+from .curl import as_curl, request_file_name
+from .longtext import clip
+from proxy.store.read import request_bytes
 from .queries import Filters
 from .rawview import raw_view
 
@@ -24,6 +26,7 @@ _env = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "template
                    autoescape=select_autoescape(default=True, default_for_string=True))
 templates = Jinja2Templates(env=_env)
 _env.filters["pretty"] = transcript.pretty
+_env.filters["clip"] = clip
 _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")
 _env.globals["urlencode"] = urlencode
 
@@ -72,8 +75,9 @@ def turn(request: Request, turn_id: int):
         raise HTTPException(404, f"no turn {turn_id}")
     body, _ctype, _enc = _reader(request).raw(turn_id)
     timeline = _reader(request).timeline(turn_id) or []
+    curl = as_curl(t, str(request.base_url))
     return templates.TemplateResponse(request, "turn.html", {
-        "t": t, "curl": as_curl(t, str(request.base_url)), "raw": raw_view(body, timeline, t.get("duration_ms")),
+        "t": t, "curl": curl, "curl_file": curl.endswith("@" + request_file_name(t)), "raw": raw_view(body, timeline, t.get("duration_ms")),
         "calls": [transcript.call_view(c) for c in t["tool_calls"]],
     })
 
@@ -85,6 +89,16 @@ def download(request: Request, turn_id: int):
         raise HTTPException(404, f"no turn {turn_id}")
     return Response(json.dumps(t, indent=2, ensure_ascii=False), media_type="application/json",
                     headers={"content-disposition": f'attachment; filename="tooltap-turn-{turn_id}.json"'})
+
+
+@router.get("/turns/{turn_id}/request")
+def request_body(request: Request, turn_id: int):
+    """The request body alone, as a file: what a long request's curl command reads."""
+    t = _reader(request).turn(turn_id)
+    if t is None:
+        raise HTTPException(404, f"no turn {turn_id}")
+    return Response(request_bytes(t), media_type="application/octet-stream",
+                    headers={"content-disposition": f'attachment; filename="{request_file_name(t)}"'})
 
 
 # -- fragments for live updates: the same templates, fetched by static/live.js ---------------

@@ -181,6 +181,19 @@ class Reader:
         return names
 
 
+def request_bytes(turn: dict) -> bytes:
+    """The request body of a turn as the API serves it (`request`, `request_encoding`),
+    back to the bytes that were sent (JSON bodies re-serialized)."""
+    body, encoding = turn.get("request"), turn.get("request_encoding")
+    if body is None:
+        return b""
+    if encoding == "base64":
+        return base64.b64decode(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
 def rebuild_request(db: DB, t: Turn, blob: Callable[[str], Any]) -> Any:
     """The request body as sent: its skeleton, with messages (walked up the chain),
     tools and system prompt put back from their blobs."""

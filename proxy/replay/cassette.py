@@ -128,7 +128,7 @@ def _interaction_json(i: Interaction) -> dict:
         "request": {"method": i.method, "path": i.path, "headers": dict(sendable_headers(i.request_headers)),
                     **request_body},
         "response": {"status": i.status, "headers": dict(replayable_headers(i.headers)), **response_body,
-                     "timeline": timeline},
+                     "timeline": timeline, **({"cut_short": True} if i.cut_short else {})},
     }
 
 
@@ -142,7 +142,7 @@ def _interaction(d: dict) -> Interaction:
         status=int(resp["status"]), headers=replayable_headers((resp.get("headers") or {}).items()),
         chunks=cut(body, resp.get("timeline") or []),
         request_headers=sendable_headers((req.get("headers") or {}).items()),
-        turn_id=d.get("turn"), api=d.get("api"))
+        turn_id=d.get("turn"), api=d.get("api"), cut_short=bool(resp.get("cut_short")))
 
 
 def cut(body: bytes, timeline: list) -> list[tuple[float, bytes]]:

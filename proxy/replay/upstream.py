@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class Interaction:
     request_headers: list[tuple[str, str]] = field(default_factory=list)  # credentials dropped
     turn_id: int | None = None
     api: str | None = None
+    cut_short: bool = False  # the upstream dropped the connection after these bytes
 
     @property
     def body(self) -> bytes:
@@ -80,7 +82,8 @@ class Interaction:
             headers.append(("content-type", turn.content_type))
         return cls(method=turn.method, path=turn.path, request=turn.request,
                    status=turn.http_status or 502, headers=headers, chunks=chunks,
-                   request_headers=sendable_headers(turn.request_headers), turn_id=turn.id, api=turn.api)
+                   request_headers=sendable_headers(turn.request_headers), turn_id=turn.id, api=turn.api,
+                   cut_short=turn.status == "upstream_aborted")
 
 
 def replayable_headers(headers: Iterable) -> list[tuple[str, str]]:
@@ -312,6 +315,20 @@ def _plain(value: Any) -> Any:
 
 # -- the app ---------------------------------------------------------------------------------
 
+class RecordedDrop(Exception):
+    """Raised inside the app so the server cuts the connection, as the recording's did."""
+
+
+class _QuietRecordedDrops(logging.Filter):
+    """A recorded drop is replayed on purpose; uvicorn would log it as a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], RecordedDrop))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietRecordedDrops())
+
+
 class CassetteUpstream:
     """Serve `interactions` to whoever asks: see the module docstring."""
 
@@ -399,6 +416,8 @@ class CassetteUpstream:
                 await asyncio.sleep((ms - last) / 1000 / self.speed)
             last = max(last, ms)
             await send({"type": "http.response.body", "body": data, "more_body": True})
+        if i.cut_short:  # end the way the recorded upstream did: the connection drops mid-body
+            raise RecordedDrop(i.label)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @contextmanager

@@ -114,7 +114,7 @@ def load(reader, session_id: str) -> Recording:
     reader = _shared_blob_reader(reader.engine)
     session = reader.session(session_id)
     if session is None:
-        raise RecordingError(f"no session {session_id!r} in this database (see `tooltap replay list`)")
+        raise RecordingError(f"no session {session_id!r} in this database (session ids are in the inspector's addresses and in /_tooltap/api/sessions)")
     turns = []
     for summary in session["turns"]:
         t = reader.turn(summary["id"])

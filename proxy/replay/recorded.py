@@ -25,7 +25,7 @@ import httpx
 
 from ..store import content
 from ..store.sessions import OTHER_PREFIX
-from .compare import ABSENT, Call, Rules, compare_calls, value_diff
+from .compare import ABSENT, Call, Rules, compare_calls, same_value, value_diff
 from .recording import RecordedCall, RecordedTurn, Recording
 from .result import Difference, ReplayResult, TurnVerdict
 from .upstream import CassetteUpstream, Interaction, around_difference, decoded_chunks, short
@@ -220,10 +220,11 @@ def compare_turn(rec: RecordedTurn, rep: RecordedTurn, rules: Rules) -> list[Dif
         want, got = getattr(rec, name), getattr(rep, name)
         if want != got:
             out.append(Difference(name, f"recorded {short(want)}, replayed {short(got)}", want, got))
-    out += _raw(rec, rep)
-    out += _values("response", rec.response, rep.response)
+    # The tool calls first: what a person looks for, named by tool and argument path.
     out += _calls(rec.calls, rep.calls, rules)
     out += _values("decoding", rec.decoding, rep.decoding)
+    out += _values("response", rec.response, rep.response)
+    out += _raw(rec, rep)
     return out
 
 
@@ -266,7 +267,8 @@ def _calls(recorded: list[RecordedCall], replayed: list[RecordedCall], rules: Ru
                 out.append(Difference(f"tool_calls[{i}].{name}", f"call {i}: {name} recorded "
                                       f"{short(getattr(a, name))}, replayed {short(getattr(b, name))}",
                                       getattr(a, name), getattr(b, name)))
-        if rules.args == "exact" and not rules.ignore and a.arguments_raw != b.arguments_raw:
+        # The text of equal arguments (spacing, key order): a difference the values hide.
+        if rules.args == "exact" and a.arguments_raw != b.arguments_raw and same_value(a.arguments, b.arguments):
             out += _values(f"tool_calls[{i}].arguments_raw", a.arguments_raw, b.arguments_raw)
         for name in ("decoded", "task_progress", "result", "violations"):
             out += _values(f"tool_calls[{i}].{name}", getattr(a, name), getattr(b, name))

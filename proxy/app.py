@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager
 
 from .config import RESERVED_PREFIX, Settings
-from .forward import Forwarder, UpstreamAborted, make_client
+from .forward import Forwarder, StreamCut, make_client
 from .live import LiveHub
 from .store.process import WriterProcess
 from .store.writer import Writer
@@ -26,6 +28,9 @@ class TooltapApp:
         self.writer = writer or WriterProcess(settings.db_url, spool_path=settings.spool_file(), live=self.live)
         self.client = None
         self.forwarder: Forwarder | None = None
+        # Set by the server when a stop begins: the monotonic time by which the process
+        # must be gone, so the writer gets what is left of the shutdown grace.
+        self.stop_by: float | None = None
         self.inspector = create_inspector(self, lifespan=self._lifespan)
 
     @asynccontextmanager
@@ -36,8 +41,16 @@ class TooltapApp:
         try:
             yield
         finally:
+            self.forwarder.close()
             await self.client.close()
-            self.writer.close()
+            # In a thread: the live stream and anything else still on the loop keep going.
+            await asyncio.to_thread(self.writer.close, self._writer_time())
+
+    def _writer_time(self) -> float:
+        """Seconds the writer may take to store what it holds before the rest is spooled."""
+        if self.stop_by is None:
+            return 30.0
+        return max(0.5, self.stop_by - time.monotonic())
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -63,12 +76,13 @@ async def _redirect(send, location: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-class _QuietUpstreamAborts(logging.Filter):
-    """An upstream that drops its stream is passed on by dropping ours; uvicorn would log
-    that as an application crash with a traceback. It is recorded as a turn instead."""
+class _QuietStreamCuts(logging.Filter):
+    """A stream cut on purpose (the upstream dropped it, or the shutdown grace ran out)
+    ends by dropping the client's connection; uvicorn would log that as an application
+    crash with a traceback. It is recorded as a turn instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], UpstreamAborted))
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamCut))
 
 
-logging.getLogger("uvicorn.error").addFilter(_QuietUpstreamAborts())
+logging.getLogger("uvicorn.error").addFilter(_QuietStreamCuts())

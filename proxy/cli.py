@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -65,11 +66,19 @@ def _secret_names(ctx, param, values):
               help="Also store this header (or query parameter) only as a fingerprint, beside those whose "
                    "names say key, token, auth, secret... Repeatable; TOOLTAP_SECRET_HEADERS (comma-separated) "
                    "adds more.")
-def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers) -> None:
+@click.option("--shutdown-grace", envvar="TOOLTAP_SHUTDOWN_GRACE", default=8.0, show_default=True,
+              type=click.FloatRange(min=0.5), metavar="SECONDS",
+              help="On SIGTERM, SIGINT or SIGHUP, exit within this time: open streams may finish until "
+                   "3 s before it (half of it, if shorter), then are cut and recorded. Keep it under your "
+                   "orchestrator's kill timeout (docker: 10 s).")
+@click.option("--max-connections", default=None, type=click.IntRange(min=1),
+              help="Client connections served at once (default: what the open-file limit allows); "
+                   "past it, idle connections make room.")
+def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers,
+          shutdown_grace, max_connections) -> None:
     """Forward agent traffic to the upstream and record every turn."""
-    import uvicorn
-
     from .app import TooltapApp
+    from .server import exit_now, serve as run_server
 
     _require_token_off_loopback(host, ui_token)
     add_secret_names(secret_headers)
@@ -84,12 +93,9 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
         click.echo(f"tooltap: http://{host}:{port}{up.prefix or '/'} -> {up.url}")
     click.echo(f"tooltap: inspector at http://{host}:{port}/_tooltap/"
                f"{'?token=...' if ui_token else ''}  (database: {db_url})")
-    uvicorn.run(
-        app, host=host, port=port, log_level=log_level,
-        access_log=False,  # uvicorn would log ?key= in clear
-        server_header=False, date_header=False,  # the upstream's headers, not ours
-        timeout_graceful_shutdown=int(os.environ.get("TOOLTAP_SHUTDOWN_GRACE", "10")),
-    )
+    run_server(app, host=host, port=port, log_level=log_level, grace=shutdown_grace,
+               max_connections=max_connections)
+    exit_now(0)  # stopped by a signal, every turn stored or spooled
 
 
 class EnvironmentProblem(click.ClickException):
@@ -167,21 +173,26 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
         _check_port(host, port)
     if db_url:
         _open_database(db_url)
-    with demo_mod.running(db_url=db_url, host=host, port=port, ui_token=ui_token) as d:
-        d.play_all()
-        click.echo("tooltap demo: played the cline-weather session, parallel tool calls, an upstream "
-                   "error and an aborted stream through tooltap.")
-        click.echo(f"tooltap demo: inspector at {d.inspector}{'?token=' + ui_token if ui_token else ''}")
-        click.echo(f"tooltap demo: agents would use base URL {d.url}  (Ctrl-C to stop)")
+    # Ctrl-C, SIGTERM or a closed terminal: the servers, the writer process and the
+    # temporary folder are cleaned up whatever the demo was doing.
+    with demo_mod.stopped_by_signals():
         try:
-            while True:
-                if live_every > 0:
-                    time.sleep(live_every)
-                    d.play(demo_mod.slow_haiku())
-                else:
-                    time.sleep(3600)
+            with demo_mod.running(db_url=db_url, host=host, port=port, ui_token=ui_token) as d:
+                d.play_all()
+                click.echo("tooltap demo: played the cline-weather session, parallel tool calls, an upstream "
+                           "error and an aborted stream through tooltap.")
+                click.echo(f"tooltap demo: inspector at {d.inspector}{'?token=' + ui_token if ui_token else ''}")
+                click.echo(f"tooltap demo: agents would use base URL {d.url}  (Ctrl-C to stop)")
+                while True:
+                    if live_every > 0:
+                        time.sleep(live_every)
+                        d.play(demo_mod.slow_haiku())
+                    else:
+                        time.sleep(3600)
         except KeyboardInterrupt:
-            click.echo("tooltap demo: stopped")
+            pass
+    with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+        click.echo("tooltap demo: stopped")
 
 
 @main.command()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import tempfile
 import threading
@@ -185,13 +186,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Served:
-    """An ASGI app on a real uvicorn in a daemon thread."""
+    """An ASGI app on a real uvicorn in a daemon thread, stopped as `tooltap serve` stops."""
 
     def __init__(self, app, host: str, port: int, log_level: str = "warning"):
+        from .app import TooltapApp
+        from .server import TooltapServer
+
         self.host, self.port = host, port
-        self.server = uvicorn.Server(uvicorn.Config(
+        on_stop = (lambda t: setattr(app, "stop_by", t)) if isinstance(app, TooltapApp) else None
+        self.server = TooltapServer(uvicorn.Config(
             app, host=host, port=port, log_level=log_level, access_log=False,
-            server_header=False, date_header=False, timeout_graceful_shutdown=2))
+            server_header=False, date_header=False), grace=3.0, on_stop=on_stop)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> "Served":
@@ -204,8 +209,10 @@ class Served:
         return self
 
     def stop(self) -> None:
+        if self.thread.ident is None:  # never started
+            return
         self.server.should_exit = True
-        self.thread.join(10)
+        self.thread.join(15)
 
 
 @dataclass
@@ -246,16 +253,42 @@ def running(db_url: str | None = None, host: str = "127.0.0.1", port: int | None
     from .app import TooltapApp
 
     with tempfile.TemporaryDirectory(prefix="tooltap-demo-") as tmp:
-        router = Router()
-        upstream = Served(ScriptedUpstream({"/chat/completions": router, "/v1/messages": router}),
-                          "127.0.0.1", free_port()).start()
-        settings = Settings(upstreams=(Upstream.parse(f"http://127.0.0.1:{upstream.port}"),),
-                            db_url=db_url or f"sqlite:///{tmp}/demo.db", ui_token=ui_token)
-        app = TooltapApp(settings)
-        server = Served(app, host, port or free_port(host)).start()
+        started: list[Served] = []  # stopped whatever happens, before the folder goes
         try:
+            router = Router()
+            upstream = Served(ScriptedUpstream({"/chat/completions": router, "/v1/messages": router}),
+                              "127.0.0.1", free_port())
+            started.append(upstream)
+            upstream.start()
+            settings = Settings(upstreams=(Upstream.parse(f"http://127.0.0.1:{upstream.port}"),),
+                                db_url=db_url or f"sqlite:///{tmp}/demo.db", ui_token=ui_token)
+            app = TooltapApp(settings)
+            server = Served(app, host, port or free_port(host))
+            started.append(server)
+            server.start()
             shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
             yield Demo(f"http://{shown}:{server.port}", app, router)
         finally:
-            server.stop()
-            upstream.stop()
+            for served in reversed(started):
+                served.stop()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does, by raising
+    KeyboardInterrupt, so its servers, its writer process and its temporary folder are
+    cleaned up; further signals are ignored while that runs."""
+    def stop(_sig, _frame):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

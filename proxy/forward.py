@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
 from . import apis
@@ -37,9 +38,20 @@ SESSION_HEADER = b"x-tooltap-session"
 Headers = list[tuple[bytes, bytes]]
 
 
-class UpstreamAborted(Exception):
+class StreamCut(Exception):
     """Raised after the response has started, so the server drops the client connection
-    and the client sees the same abrupt end the upstream gave us."""
+    and the client sees an abrupt end. The turn is recorded; it is not a crash to log."""
+
+
+class UpstreamAborted(StreamCut):
+    """The upstream dropped its stream: the client gets the same abrupt end."""
+
+
+class ShutDown(StreamCut):
+    """tooltap is stopping and the stream did not end within the shutdown grace."""
+
+
+SHUT_DOWN = "tooltap shut down"
 
 
 def _strip(headers: Headers, also: frozenset[bytes] = frozenset()) -> Headers:
@@ -63,12 +75,6 @@ def _decode(value: bytes) -> str:
         return value.decode("latin-1")
 
 
-def _proxy_error_body(cause: str) -> bytes:
-    return json.dumps(
-        {"error": {"type": "tooltap_proxy_error", "message": f"tooltap could not reach the upstream: {cause}"}}
-    ).encode()
-
-
 def make_client(settings: Settings) -> aiohttp.ClientSession:
     """The pooled upstream client. aiohttp rather than httpx on this one leg: its C parser
     hands over everything a socket read brought (one write to the agent per read, not
@@ -85,7 +91,9 @@ def make_client(settings: Settings) -> aiohttp.ClientSession:
 
 # aiohttp adds these when absent; the upstream must get only what the agent sent.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+# HttpProcessingError: a response that breaks HTTP (bad chunked framing) under aiohttp's
+# pure-Python parser, which raises it as it is, not as a ClientError.
+_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, HttpProcessingError)
 
 
 class Forwarder:
@@ -96,6 +104,10 @@ class Forwarder:
         self.sink = sink  # must not block: the store's queue.put_nowait
         self.live = live
         self.in_flight = 0  # requests between arrival and their turn being queued for the store
+        self.dead_upstreams = _DeadUpstreamWatch()
+
+    def close(self) -> None:
+        self.dead_upstreams.stop()
 
     async def __call__(self, scope, receive, send) -> None:
         self.in_flight += 1
@@ -113,7 +125,7 @@ class Forwarder:
             return
         upstream, upstream_path = route
         started_at = time.time()
-        body, complete = await _read_body(receive)
+        body, incomplete = await _read_body(receive, scope)
 
         session_hint = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == SESSION_HEADER), None)
         headers = _text(_strip(scope["headers"], frozenset({b"host", SESSION_HEADER})))
@@ -136,8 +148,12 @@ class Forwarder:
             api,
             self.live,
         )
-        if not complete:  # a half-sent request must not reach the upstream as if whole
-            self.sink(capture.finish("client_aborted", "the client hung up while sending its request"))
+        if incomplete == SHUT_DOWN:  # still arriving when the grace ran out
+            await _answer_error(send, capture, 503, "tooltap_shut_down", "tooltap shut down before the request arrived")
+            self.sink(capture.finish("proxy_error", SHUT_DOWN))
+            return
+        if incomplete:  # a half-sent request must not reach the upstream as if whole
+            self.sink(capture.finish("client_aborted", incomplete))
             return
 
         url = URL(upstream.url + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else ""),
@@ -145,6 +161,7 @@ class Forwarder:
         watch = _HangUpWatch(receive)
         response: aiohttp.ClientResponse | None = None
         status, error = None, None
+        started = False  # the client has the response's status line
         try:
             try:
                 response = await self.client.request(
@@ -153,10 +170,8 @@ class Forwarder:
                 )
             except _UPSTREAM_ERRORS as exc:
                 status, error = "proxy_error", _describe(exc)
-                error_body = _proxy_error_body(error)
-                capture.response_started(502, [["content-type", "application/json"]], "application/json", None)
-                await _send_raw(send, 502, [(b"content-type", b"application/json")], error_body)
-                capture.feed(error_body)
+                await _answer_error(send, capture, 502, "tooltap_proxy_error",
+                                    f"tooltap could not reach the upstream: {error}")
                 return
             resp_headers = _strip(list(response.raw_headers))
             capture.response_started(
@@ -166,13 +181,17 @@ class Forwarder:
                 response.headers.get("content-encoding"),
             )
             await send({"type": "http.response.start", "status": response.status, "headers": resp_headers})
-            status, error = await _pump(response, capture, send)
+            started = True
+            status, error = await _pump(response, capture, send, self.dead_upstreams)
         except asyncio.CancelledError:
-            if not watch.hung_up:  # the server is shutting down mid-stream
-                status, error = "proxy_error", "tooltap shut down during the response"
-                raise
             asyncio.current_task().uncancel()
-            status, error = "client_aborted", "the client closed the connection"
+            if watch.hung_up:
+                status, error = "client_aborted", "the client closed the connection"
+            else:  # the server is stopping and the grace is over: answer what can be answered
+                status, error = "proxy_error", SHUT_DOWN
+                if not started:
+                    await _answer_error(send, capture, 503, "tooltap_shut_down",
+                                        "tooltap shut down before the upstream answered")
         except Exception as exc:  # a bug must not lose the turn; the server drops the connection
             status, error = "proxy_error", f"tooltap: {type(exc).__name__}: {exc}"
             raise
@@ -186,12 +205,15 @@ class Forwarder:
             self.sink(capture.finish(status, error))
         if status == "upstream_aborted":
             raise UpstreamAborted(error)
+        if error == SHUT_DOWN and started:
+            raise ShutDown(error)
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
         return "TimeoutError: no answer from the upstream in time"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = " ".join(str(exc).split())  # aiohttp's parser errors span several lines
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _HangUpWatch:
@@ -213,17 +235,67 @@ class _HangUpWatch:
         self._watcher.cancel()
 
 
-async def _pump(response: aiohttp.ClientResponse, capture: Capture, send) -> tuple[str | None, str | None]:
+class _DeadUpstreamWatch:
+    """Fails the reads that wait on an upstream connection that is gone.
+
+    aiohttp's C parser, meeting broken chunked framing, closes the connection without
+    telling the body's reader and stops the read timeout, so the read would wait forever
+    (its pure-Python parser raises instead). Twice a second this looks at the bodies
+    being waited on; one whose connection is closed before its end is failed, and the
+    stream ends as `upstream_aborted` like any other drop."""
+
+    PERIOD = 0.5
+
+    def __init__(self) -> None:
+        self.waiting: set[aiohttp.ClientResponse] = set()
+        self._task: asyncio.Task | None = None
+
+    def wait_on(self, response: aiohttp.ClientResponse) -> None:
+        self.waiting.add(response)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.PERIOD)
+            for response in list(self.waiting):
+                _fail_if_dead(response)
+
+
+def _fail_if_dead(response: aiohttp.ClientResponse) -> None:
+    body = response.content
+    if body.is_eof() or body.exception() is not None:
+        return
+    connection = response.connection
+    if connection is not None and not connection.closed:
+        return
+    cause = connection.protocol.exception() if connection is not None and connection.protocol else None
+    why = " ".join(str(getattr(cause, "message", cause)).split())[:200] if cause else "no reason given"
+    body.set_exception(aiohttp.ClientPayloadError(f"the upstream connection closed mid-body ({why})"))
+
+
+async def _pump(response: aiohttp.ClientResponse, capture: Capture, send,
+                dead: _DeadUpstreamWatch) -> tuple[str | None, str | None]:
     """Copy the body to the client as it arrives, one write per upstream read.
     Returns (status, error) for anything but a normal end."""
     chunks = response.content.iter_any()
     while True:
+        # Marked only while awaiting: then aiohttp's buffer is empty, and failing the
+        # read cannot drop bytes that came.
+        dead.wait_on(response)
         try:
             chunk = await anext(chunks)
         except StopAsyncIteration:
             break
         except _UPSTREAM_ERRORS as exc:
             return "upstream_aborted", _describe(exc)
+        finally:
+            dead.waiting.discard(response)
         try:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
@@ -238,16 +310,33 @@ async def _wait_disconnect(receive) -> None:
         pass
 
 
-async def _read_body(receive) -> tuple[bytes, bool]:
-    """The whole request body (agents' requests are small) and whether it all arrived."""
+async def _read_body(receive, scope) -> tuple[bytes, str | None]:
+    """The request body (agents' requests are small) and, if it did not all arrive, why."""
     parts = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b"".join(parts), False
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts), True
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                too_slow = scope.get("extensions", {}).get(TIMED_OUT)
+                return b"".join(parts), too_slow or "the client hung up while sending its request"
+            parts.append(message.get("body", b""))
+            if not message.get("more_body"):
+                return b"".join(parts), None
+    except asyncio.CancelledError:  # the shutdown grace ran out while it arrived
+        asyncio.current_task().uncancel()
+        return b"".join(parts), SHUT_DOWN
+
+
+# The scope extension under which the server says it closed a too-slow request.
+TIMED_OUT = "tooltap.timed_out"
+
+
+async def _answer_error(send, capture: Capture, status: int, kind: str, message: str) -> None:
+    """Answer the client with tooltap's own JSON error, and record that as the response."""
+    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
+    capture.response_started(status, [["content-type", "application/json"]], "application/json", None)
+    await _send_raw(send, status, [(b"content-type", b"application/json")], body)
+    capture.feed(body)
 
 
 async def _send_raw(send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

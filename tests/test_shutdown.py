@@ -1,0 +1,223 @@
+"""Every stop short of SIGKILL loses nothing: a real `tooltap serve` in a subprocess,
+streams in flight, a signal, then the turns in its SQLite file (and spool) counted
+against what the clients got."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from proxy.scripted import Reply, ScriptedUpstream
+from tests.conftest import Server
+from tests.processes import group_members, leftovers, start
+
+
+def event(text: str) -> bytes:
+    return b"data: " + json.dumps({"id": "s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                   "choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
+
+
+def stream(n: int, delay: float) -> Reply:
+    return Reply.sse(b"".join(event(f"{i} ") for i in range(n)) + b"data: [DONE]\n\n", delay=delay)
+
+
+ROUTES = {
+    "/long": stream(80, 0.25),  # 20 s: still open when the grace runs out
+    "/finishing": stream(8, 0.25),  # 2 s: ends within the grace
+    "/short": stream(3, 0),
+    "/hold": Reply.json({"late": True}, wait=30),  # no headers within the grace
+}
+
+
+@pytest.fixture
+def upstream():
+    scripted = ScriptedUpstream(ROUTES)
+    with Server(scripted) as server:
+        yield server.url
+
+
+@dataclass
+class Answer:
+    session: str
+    status: int | None = None
+    body: bytes = b""
+    complete: bool = False  # the response ended as HTTP says it should
+    cut: str | None = None
+    ended: float = 0.0  # time.monotonic() when the answer ended
+
+
+class Clients:
+    """Agents talking to tooltap at once; `started` counts those that got a first byte."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.client = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100))
+        self.tasks: list[asyncio.Task] = []
+        self.started = 0
+
+    def ask(self, path: str, session: str) -> None:
+        self.tasks.append(asyncio.create_task(self._ask(path, session)))
+
+    async def _ask(self, path: str, session: str) -> Answer:
+        a = Answer(session)
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": session}]}
+        try:
+            async with self.client.stream("POST", self.url + path, json=body,
+                                          headers={"x-tooltap-session": session}) as r:
+                a.status = r.status_code
+                async for chunk in r.aiter_raw():
+                    if not a.body:
+                        self.started += 1
+                    a.body += chunk
+            a.complete = True
+        except httpx.HTTPError as exc:
+            a.cut = type(exc).__name__
+        a.ended = time.monotonic()
+        return a
+
+    async def until_started(self, n: int, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while self.started < n:
+            assert time.monotonic() < deadline, f"only {self.started} of {n} streams started"
+            await asyncio.sleep(0.02)
+
+    async def answers(self) -> dict[str, Answer]:
+        done = await asyncio.gather(*self.tasks)
+        await self.client.aclose()
+        return {a.session: a for a in done}
+
+
+def check_every_answer_is_stored(answers: dict[str, Answer], turns: list[dict]) -> dict[str, dict]:
+    by_session = {t["session"]: t for t in turns}
+    assert len(turns) == len(by_session), "a turn stored twice"
+    missing = sorted(set(answers) - set(by_session))
+    assert not missing, f"{len(missing)} of {len(answers)} turns lost: {missing[:5]}"
+    for session, a in answers.items():
+        t = by_session[session]
+        assert t["raw_size"] == len(a.body), (session, t, len(a.body))
+        if a.complete and a.status == 200:
+            assert t["status"] == "ok", (session, t)
+    return by_session
+
+
+def no_tracebacks(output: str) -> None:
+    assert "Traceback" not in output and "Exception in ASGI" not in output, output[-3000:]
+
+
+async def test_sigterm_as_docker_stops_within_the_default_grace(tmp_path, upstream):
+    """docker stop: SIGTERM, SIGKILL 10 s later. With the default grace tooltap is gone
+    before that, every stream cut by the stop recorded as proxy_error."""
+    tt = start(tmp_path, "--upstream", upstream)
+    clients = Clients(tt.url)
+    for i in range(8):
+        clients.ask("/short", f"done-{i}")
+    await asyncio.gather(*clients.tasks)  # answered in full before the stop
+    for i in range(28):
+        clients.ask("/long", f"long-{i}")
+    for i in range(4):
+        clients.ask("/hold", f"hold-{i}")
+    await clients.until_started(8 + 28)
+    await asyncio.sleep(0.3)  # the /hold requests are waiting for the upstream's headers
+
+    stopped = time.monotonic()
+    tt.signal(signal.SIGTERM)
+    code = await asyncio.to_thread(tt.wait, 10)
+    took = time.monotonic() - stopped
+    answers = await clients.answers()
+
+    assert code == 0 and took < 9.5, (code, took)
+    turns = check_every_answer_is_stored(answers, tt.turns())
+    assert len(turns) == 40
+    for i in range(28):
+        a, t = answers[f"long-{i}"], turns[f"long-{i}"]
+        assert not a.complete and a.cut == "RemoteProtocolError"  # the same abrupt end as an upstream drop
+        assert t["status"] == "proxy_error" and t["error"] == "tooltap shut down"
+        assert a.body.startswith(b"data: ") and len(a.body) > 1000  # ~5 s of the stream went through
+    for i in range(4):
+        a, t = answers[f"hold-{i}"], turns[f"hold-{i}"]
+        assert a.status == 503 and json.loads(a.body)["error"]["type"] == "tooltap_shut_down"
+        assert t["status"] == "proxy_error" and t["error"] == "tooltap shut down"
+    no_tracebacks(tt.output())
+    assert leftovers(tt.proc.pid) == []  # the writer process is gone too
+
+
+async def test_sighup_lets_streams_finish_within_the_grace(tmp_path, upstream):
+    """The terminal closed (SIGHUP to the whole group): uvicorn would die at once. Streams
+    that end within the grace end normally; the rest are cut and recorded."""
+    tt = start(tmp_path, "--upstream", upstream, "--shutdown-grace", "5")
+    clients = Clients(tt.url)
+    for i in range(16):
+        clients.ask("/finishing", f"fin-{i}")
+        clients.ask("/long", f"long-{i}")
+    await clients.until_started(32)
+    tt.signal(signal.SIGHUP, group=True)
+    code = await asyncio.to_thread(tt.wait, 8)
+    answers = await clients.answers()
+
+    assert code == 0
+    turns = check_every_answer_is_stored(answers, tt.turns())
+    assert all(answers[f"fin-{i}"].complete and answers[f"fin-{i}"].body.endswith(b"data: [DONE]\n\n")
+               for i in range(16))
+    assert {turns[f"fin-{i}"]["status"] for i in range(16)} == {"ok"}
+    assert {turns[f"long-{i}"]["error"] for i in range(16)} == {"tooltap shut down"}
+    no_tracebacks(tt.output())
+    assert leftovers(tt.proc.pid) == []
+
+
+async def test_a_second_ctrl_c_cuts_at_once_and_still_stores(tmp_path, upstream):
+    tt = start(tmp_path, "--upstream", upstream)  # the default grace: 8 s
+    clients = Clients(tt.url)
+    for i in range(32):
+        clients.ask("/long", f"long-{i}")
+    await clients.until_started(32)
+    first = time.monotonic()
+    tt.signal(signal.SIGINT, group=True)
+    await asyncio.sleep(0.5)
+    second = time.monotonic()
+    tt.signal(signal.SIGINT, group=True)
+    code = await asyncio.to_thread(tt.wait, 9)
+    took = time.monotonic() - first
+    answers = await clients.answers()
+
+    assert code == 0 and took < 8.5, took
+    # Cut at the second Ctrl-C, not 5 s after the first.
+    assert max(a.ended for a in answers.values()) - second < 1.5
+    turns = check_every_answer_is_stored(answers, tt.turns())
+    assert {t["error"] for t in turns.values()} == {"tooltap shut down"}
+    output = tt.output()
+    no_tracebacks(output)
+    assert output.count("\n") < 30, output  # a few lines, not uvicorn's ~95
+
+
+def test_demo_stopped_with_sigterm_leaves_no_writer_and_no_folder(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tt = start(tmp_path, "--live-every", "0", command="demo", env={"TMPDIR": str(tmp)})
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("tooltap-demo-")]
+    assert len(group_members(tt.proc.pid)) >= 2  # tooltap and its writer
+    tt.signal(signal.SIGTERM)
+    assert tt.wait(15) == 0
+    assert leftovers(tt.proc.pid) == [], "the writer process outlived the demo"
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("tooltap-demo-")]
+    no_tracebacks(tt.output())
+    assert "stopped" in tt.output()
+
+
+def test_group_members_sees_a_live_group(tmp_path):
+    """The check the tests above rely on finds a process that is there."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"], start_new_session=True)
+    try:
+        assert group_members(p.pid) == [p.pid]
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

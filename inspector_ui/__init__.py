@@ -14,7 +14,7 @@ STATIC = Path(__file__).parent / "static"
 
 
 def create_inspector(tooltap, lifespan=None) -> FastAPI:
-    from . import api, live, pages, schemas_page
+    from . import api, live, mcp_api, mcp_pages, pages, schemas_page
     from .queries import Queries
     from .security import Guard
 
@@ -24,9 +24,11 @@ def create_inspector(tooltap, lifespan=None) -> FastAPI:
     app.state.reader = Reader(make_engine(tooltap.settings.db_url))
     app.state.queries = Queries(app.state.reader)
     app.include_router(live.router, prefix="/_tooltap/api")
+    app.include_router(mcp_api.router, prefix="/_tooltap/api")
     app.include_router(api.router, prefix="/_tooltap/api")
     app.include_router(pages.router, prefix="/_tooltap")
     app.include_router(schemas_page.router, prefix="/_tooltap")
+    app.include_router(mcp_pages.router, prefix="/_tooltap")
     app.mount("/_tooltap/static", StaticFiles(directory=str(STATIC)), name="static")
     # Outermost: every response (pages, API, live, static, errors) gets the headers and
     # the token check.

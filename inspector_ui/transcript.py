@@ -20,6 +20,8 @@ from proxy.agents import transcript
 from proxy.store.models import ToolCallRow, Turn
 from proxy.store.read import CHAIN_QUERY, Reader, session_json, tool_call_json, turn_summary
 
+from .mcp_pages import marks as mcp_marks, turn_links as mcp_links
+
 RESULT_HEADER = re.compile(r"^\[([^\s\]]+)(?: for '(.*?)')?\] Result:", re.S)
 
 
@@ -31,7 +33,7 @@ def session_view(reader: Reader, session_id: str) -> dict | None:
         if s is None:
             return None
         turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
-        calls = _calls(db, [t.id for t in turns])
+        calls = _calls(db, [t.id for t in turns], mcp_marks(db, session_id))
         blobs: dict[str, Any] = {}
         by_id = {t.id: t for t in turns}
         children: dict[int | None, list[int]] = {}
@@ -58,7 +60,7 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         if t is None:
             return None
         parent = db.get(Turn, t.parent_id) if t.parent_id else None
-        v = turn_view(db, reader, t, _calls(db, [t.id]).get(t.id, []), parent, {})
+        v = turn_view(db, reader, t, _calls(db, [t.id], (mcp_links(db, t), {})).get(t.id, []), parent, {})
         if v["system"]:
             blobs: dict[str, Any] = {}
             prev = _system(db, reader, parent, _chain(db, parent), blobs) if parent else None
@@ -71,12 +73,16 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         return v
 
 
-def _calls(db: DB, ids: list[int]) -> dict[int, list[dict]]:
+def _calls(db: DB, ids: list[int], mcp: tuple[dict, dict] = ({}, {})) -> dict[int, list[dict]]:
+    """`mcp`: (tool_calls.id -> MCP link, tool_calls.id -> why it never reached its server)."""
+    links, unreached = mcp
     out: dict[int, list[dict]] = {}
     if ids:
         for c in db.exec(select(ToolCallRow).where(ToolCallRow.turn_id.in_(ids))
                          .order_by(ToolCallRow.turn_id, ToolCallRow.index)):
-            out.setdefault(c.turn_id, []).append(call_view(tool_call_json(c)))
+            v = call_view(tool_call_json(c, links.get(c.id)))
+            v["mcp_unreached"] = unreached.get(c.id)
+            out.setdefault(c.turn_id, []).append(v)
     return out
 
 

@@ -31,6 +31,7 @@ class TooltapApp:
         # Set by the server when a stop begins: the monotonic time by which the process
         # must be gone, so the writer gets what is left of the shutdown grace.
         self.stop_by: float | None = None
+        self.mcp = _mcp_proxy(settings)  # None unless --mcp NAME=URL
         self.inspector = create_inspector(self, lifespan=self._lifespan)
 
     @asynccontextmanager
@@ -38,9 +39,13 @@ class TooltapApp:
         self.writer.start()
         self.client = make_client(self.settings)
         self.forwarder = Forwarder(self.settings, self.client, self.writer.submit, self.live)
+        if self.mcp is not None:
+            await self.mcp.start()
         try:
             yield
         finally:
+            if self.mcp is not None:
+                await self.mcp.close()
             self.forwarder.close()
             await self.client.close()
             # In a thread: the live stream and anything else still on the loop keep going.
@@ -57,10 +62,21 @@ class TooltapApp:
             path = scope["path"]
             if path == RESERVED_PREFIX or path.startswith(RESERVED_PREFIX + "/"):
                 return await self.inspector(scope, receive, send)
+            if self.mcp is not None and self.mcp.serves(path):
+                return await self.mcp(scope, receive, send)
             if path == "/" and scope["method"] == "GET" and _wants_html(scope):
                 return await _redirect(send, RESERVED_PREFIX + "/")
             return await self.forwarder(scope, receive, send)
         return await self.inspector(scope, receive, send)  # lifespan, websocket
+
+
+def _mcp_proxy(settings: Settings):
+    if not settings.mcp_servers:
+        return None
+    from .mcp.http import McpHttpProxy
+    from .mcp.store import Recorder
+
+    return McpHttpProxy(settings.mcp_servers, Recorder(settings.db_url))
 
 
 def _wants_html(scope) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
+from .mcp.cli import mcp as mcp_command
 from .replay.cli import export, replay
 from .schemas.cli import schemas
 from .secrets import add_secret_names
@@ -37,6 +38,15 @@ def _upstream(ctx, param, values):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise click.BadParameter(f"the name {twice[0]!r} is given to more than one upstream")
     return tuple(ups)
+
+
+def _mcp_servers(ctx, param, values):
+    from .mcp.http import parse_all
+
+    try:
+        return parse_all(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 def _secret_names(ctx, param, values):
@@ -74,8 +84,10 @@ def _secret_names(ctx, param, values):
 @click.option("--max-connections", default=None, type=click.IntRange(min=1),
               help="Client connections served at once (default: what the open-file limit allows); "
                    "past it, idle connections make room.")
+@click.option("--mcp", "mcp_servers", multiple=True, callback=_mcp_servers, metavar="NAME=URL",
+              help="Also serve this streamable-HTTP MCP server at /_mcp/NAME and record its traffic. Repeatable.")
 def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers,
-          shutdown_grace, max_connections) -> None:
+          shutdown_grace, max_connections, mcp_servers) -> None:
     """Forward agent traffic to the upstream and record every turn."""
     from .app import TooltapApp
     from .server import exit_now, serve as run_server
@@ -87,8 +99,10 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
     _open_database(db_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
-                        spool_path=spool_path, ui_token=ui_token or None)
+                        spool_path=spool_path, ui_token=ui_token or None, mcp_servers=mcp_servers)
     app = TooltapApp(settings)
+    for m in mcp_servers:
+        click.echo(f"tooltap: MCP http://{host}:{port}{m.prefix} -> {m.url}")
     for up in upstreams:
         click.echo(f"tooltap: http://{host}:{port}{up.prefix or '/'} -> {up.url}")
     click.echo(f"tooltap: inspector at http://{host}:{port}/_tooltap/"
@@ -221,3 +235,4 @@ def redecode(db_url) -> None:
 main.add_command(schemas)
 main.add_command(replay)
 main.add_command(export)
+main.add_command(mcp_command)

@@ -51,6 +51,7 @@ class Settings:
     connect_timeout: float = 10.0
     read_timeout: float = 600.0  # a slow model may think for minutes before its first byte
     ui_token: str | None = None
+    mcp_servers: tuple = ()  # proxy.mcp.http.McpUpstream: streamable-HTTP MCP servers served under /_mcp/NAME
 
     def resolve(self, path: str) -> tuple[Upstream, str] | None:
         """The upstream serving `path` and the path to send it, or None."""

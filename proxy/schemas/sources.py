@@ -141,6 +141,10 @@ def from_db(source: str, db_url: str | None = None) -> ToolSet:
 
     db_url = db_url or default_db()
     kind, _, ident = source.partition(":")
+    if kind == "mcp":  # an MCP server's tools/list (proxy/mcp/toolsets.py)
+        from proxy.mcp.toolsets import load_source
+
+        return load_source(source, db_url)
     if kind == "turn":
         try:
             turn_id = int(ident)
@@ -157,7 +161,7 @@ def from_db(source: str, db_url: str | None = None) -> ToolSet:
 
 
 def load(source: str, db_url: str | None = None) -> ToolSet:
-    """A file path, or `turn:<id>` / `session:<id>` from the tooltap database."""
-    if source.startswith(("turn:", "session:")) and not Path(source).exists():
+    """A file path, or `turn:<id>` / `session:<id>` / `mcp:<server>` from the tooltap database."""
+    if source.startswith(("turn:", "session:", "mcp:")) and not Path(source).exists():
         return from_db(source, db_url)
     return from_file(source)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, LargeBinary, Text
+from sqlalchemy import JSON, Column, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 _JSON = JSON(none_as_null=True)  # Python None is SQL NULL, not the JSON text 'null'
@@ -125,3 +125,56 @@ class ReplayRun(SQLModel, table=True):
     differing: int | None = None
     pass_hat_k: float | None = None
     report: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # zlib of compact JSON
+
+# -- the MCP tap (proxy/mcp/): agent <-> MCP server traffic ------------------------------
+
+class McpConnection(SQLModel, table=True):
+    """One run of a wrapped stdio server (`tooltap mcp`) or one HTTP MCP session."""
+
+    __tablename__ = "mcp_connections"
+    id: str = Field(primary_key=True, max_length=64)
+    server: str = Field(index=True, max_length=200)
+    transport: str = Field(max_length=16)  # "stdio" | "http"
+    command: str | None = Field(default=None, sa_column=Column(Text))  # key-shaped values fingerprinted
+    url: str | None = Field(default=None, sa_column=Column(Text))
+    started_at: float = Field(index=True)
+    ended_at: float | None = None
+    exit_code: int | None = None
+    stderr_tail: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class McpMessage(SQLModel, table=True):
+    """One JSON-RPC line (or HTTP body / SSE event) as it crossed, kept exactly (`raw`,
+    zlib); the columns are what queries filter on."""
+
+    __tablename__ = "mcp_messages"
+    __table_args__ = (UniqueConstraint("connection", "seq", name="uq_mcp_messages_connection_seq"),)
+    id: int | None = Field(default=None, primary_key=True)
+    connection: str = Field(index=True, max_length=64)
+    seq: int  # order within the connection; with it, a spool replayed twice stores nothing twice
+    server: str = Field(index=True, max_length=200)
+    direction: str = Field(max_length=16)  # "to_server" | "from_server"
+    at: float = Field(index=True)
+    kind: str = Field(max_length=16)  # request | response | notification | batch | invalid
+    method: str | None = Field(default=None, index=True, max_length=200)  # a response: its request's
+    jsonrpc_id: str | None = Field(default=None, sa_column=Column(Text))  # the id as JSON text
+    tool: str | None = Field(default=None, sa_column=Column(Text))  # tools/call: params.name
+    is_error: bool = False
+    size: int = 0
+    note: str | None = Field(default=None, sa_column=Column(Text))  # why it is flagged
+    raw: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class McpToolSet(SQLModel, table=True):
+    """Each distinct `tools/list` answer of a server, with when it was seen."""
+
+    __tablename__ = "mcp_tool_sets"
+    __table_args__ = (UniqueConstraint("server", "tools_hash", name="uq_mcp_tool_sets_server_hash"),)
+    id: int | None = Field(default=None, primary_key=True)
+    server: str = Field(index=True, max_length=200)
+    tools_hash: str = Field(max_length=32)
+    tool_count: int = 0
+    first_seen: float
+    last_seen: float
+    seen: int = 1
+    tools: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # zlib of compact JSON

@@ -86,6 +86,7 @@ class Reader:
             calls = db.exec(
                 select(ToolCallRow).where(ToolCallRow.turn_id == turn_id).order_by(ToolCallRow.index)
             ).all()
+            links = mcp_links(db, t)
             return {
                 **turn_summary(t, [c.name for c in calls]),
                 "request": request,
@@ -97,7 +98,8 @@ class Reader:
                 "response_headers": t.response_headers,
                 "stream_error": t.stream_error,
                 "decoding": t.decoding,
-                "tool_calls": [tool_call_json(c) for c in calls] + text_calls_json(t.decoding, len(calls)),
+                "tool_calls": [tool_call_json(c, links.get(c.id)) for c in calls]
+                + text_calls_json(t.decoding, len(calls)),
             }
 
     def raw(self, turn_id: int) -> tuple[bytes, str | None, str | None] | None:
@@ -235,13 +237,21 @@ def turn_summary(t: Turn, call_names: list[str]) -> dict:
     }
 
 
-def tool_call_json(c: ToolCallRow) -> dict:
+def tool_call_json(c: ToolCallRow, mcp: dict | None = None) -> dict:
     return {
         "id": c.call_id, "index": c.index, "name": c.name, "choice": c.choice, "source": c.source,
         "decoded": c.decoded, "arguments": c.arguments, "arguments_raw": c.arguments_raw,
         "arguments_error": c.arguments_error, "task_progress": c.task_progress,
         "result": c.result, "violations": c.violations or [],
+        "mcp": mcp,  # the MCP request and result this call became (proxy/mcp/correlate.py), or None
     }
+
+
+def mcp_links(db: DB, t: Turn) -> dict[int, dict]:
+    """The MCP exchange behind each of the turn's tool calls, by tool_calls.id."""
+    from ..mcp.correlate import links_for_turn
+
+    return links_for_turn(db, t)
 
 
 def text_calls_json(decoding: Any, first_index: int) -> list[dict]:

@@ -1,0 +1,214 @@
+"""MCP over streamable HTTP: `tooltap serve --mcp NAME=URL` serves the server at
+`/_mcp/NAME` and records what passes.
+
+The agent's MCP settings get `http://127.0.0.1:8000/_mcp/NAME` where they had URL (a
+path after it is appended to URL, query string kept). Every method is forwarded with
+its headers (less hop-by-hop ones and Host) and body; the answer comes back as the
+server sent it, each chunk the moment it arrives, whatever its type: a JSON body, an SSE
+stream on a POST or on the GET stream, a 202, an error. Recorded: the POSTed message (or
+batch), each message in a JSON answer or an SSE stream, under the connection the
+`Mcp-Session-Id` header names (a server that gives none: one connection per exchange).
+Headers are not recorded: they carry the agent's credentials for the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from ..forward import UpstreamAborted
+from ..secrets import redact_url
+from ..sse import SSEDecoder
+from .messages import FROM_SERVER, TO_SERVER
+from .store import Connection, Recorder, new_id
+
+MCP_PREFIX = "/_mcp"
+SESSION_HEADER = "mcp-session-id"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
+                         b"proxy-authorization", b"te", b"trailer", b"trailers", b"transfer-encoding",
+                         b"upgrade", b"expect", b"host"})
+_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+@dataclass(frozen=True)
+class McpUpstream:
+    name: str
+    url: str
+
+    @property
+    def prefix(self) -> str:
+        return f"{MCP_PREFIX}/{self.name}"
+
+    @classmethod
+    def parse(cls, spec: str) -> "McpUpstream":
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            raise ValueError(f"expected NAME=URL, got {spec!r} (NAME is what the agent calls the server)")
+        if not _NAME.match(name):
+            raise ValueError(f"bad MCP server name {name!r}: use letters, digits, '.', '_', '-'")
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"bad MCP server URL {url!r}: expected http(s)://host[:port][/path]")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError(f"bad MCP server URL {url!r}: the port is not a number from 1 to 65535") from None
+        return cls(name, url.strip().rstrip("/"))
+
+
+def parse_all(specs) -> tuple[McpUpstream, ...]:
+    servers = tuple(McpUpstream.parse(s) for s in specs)
+    names = [s.name for s in servers]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"the MCP server name {twice[0]!r} is given more than once")
+    return servers
+
+
+class McpHttpProxy:
+    """A raw ASGI app for everything under /_mcp/."""
+
+    def __init__(self, servers: tuple[McpUpstream, ...], recorder: Recorder):
+        self.servers = {s.name: s for s in servers}
+        self.recorder = recorder
+        self.client: aiohttp.ClientSession | None = None
+        self._connections: dict[tuple[str, str], Connection] = {}
+
+    async def start(self) -> None:
+        self.recorder.start()
+        # No read timeout: a GET stream may stay quiet for hours between server messages.
+        self.client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
+            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        await asyncio.to_thread(self.recorder.close, 5.0)
+
+    @staticmethod
+    def serves(path: str) -> bool:
+        return path == MCP_PREFIX or path.startswith(MCP_PREFIX + "/")
+
+    async def __call__(self, scope, receive, send) -> None:
+        name, _, rest = scope["path"][len(MCP_PREFIX) + 1:].partition("/")
+        server = self.servers.get(name)
+        if server is None:
+            return await _send_json(send, 404, {"error": {"type": "tooltap_no_mcp_server",
+                                                          "message": f"no MCP server is served at {scope['path']}"}})
+        raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = server.url + raw_path[len(server.prefix):] + ("?" + query if query else "")
+        body, complete = await _read_body(receive)
+        if not complete:
+            return
+        at = time.time()
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+        asked_session = _header(scope["headers"], SESSION_HEADER.encode())
+        method = scope["method"]
+        task = asyncio.current_task()
+        watcher = asyncio.create_task(_on_hang_up(receive, task))
+        response = None
+        conn: Connection | None = None
+        try:
+            try:
+                response = await self.client.request(method, url, headers=headers, data=body or None,
+                                                      allow_redirects=False,
+                                                      skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent",
+                                                                         "Content-Type"))
+            except _UPSTREAM_ERRORS as exc:
+                conn = self._connection(server, asked_session)
+                if method == "POST" and body:
+                    self.recorder.record(conn, TO_SERVER, body.strip(), at, note="the server could not be reached")
+                return await _send_json(send, 502, {"error": {"type": "tooltap_proxy_error",
+                                                              "message": f"tooltap could not reach the MCP server: {exc}"}})
+            session = response.headers.get(SESSION_HEADER) or asked_session
+            conn = self._connection(server, session)
+            if method == "POST" and body.strip():
+                self.recorder.record(conn, TO_SERVER, body.strip(), at)
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP]})
+            await self._pump(response, send, conn)
+            if method == "DELETE" and response.status < 300:
+                self.recorder.ended(conn, None)
+                self._connections.pop((server.name, session or ""), None)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()  # the agent hung up: the upstream is closed below
+        finally:
+            watcher.cancel()
+            if response is not None:
+                response.close()
+
+    def _connection(self, server: McpUpstream, session: str | None) -> Connection:
+        if not session:  # a server without sessions: each exchange on its own
+            return Connection(new_id(), "http", name=server.name, url=redact_url(server.url))
+        key = (server.name, session)
+        conn = self._connections.get(key)
+        if conn is None:
+            conn = self._connections[key] = Connection(new_id(), "http", name=server.name,
+                                                       url=redact_url(server.url))
+        return conn
+
+    async def _pump(self, response: aiohttp.ClientResponse, send, conn: Connection) -> None:
+        """The body to the agent chunk by chunk; its messages to the recorder."""
+        ctype = response.headers.get("content-type", "").lower()
+        sse = SSEDecoder() if "text/event-stream" in ctype else None
+        whole: list[bytes] | None = [] if sse is None else None
+        try:
+            async for chunk in response.content.iter_any():
+                if sse is not None:  # recorded first, so what the agent answers is recorded after it
+                    at = time.time()
+                    for event in sse.feed(chunk):
+                        if event.data.strip():
+                            self.recorder.record(conn, FROM_SERVER, event.data.encode(), at)
+                else:
+                    whole.append(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except _UPSTREAM_ERRORS as exc:
+            raise UpstreamAborted(f"the MCP server dropped the stream: {exc}") from None  # so the agent's drops too
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if whole is not None:
+            data = b"".join(whole).strip()
+            if data and "json" in ctype:
+                self.recorder.record(conn, FROM_SERVER, data)
+            elif data and response.status >= 400:
+                self.recorder.record(conn, FROM_SERVER, data, note=f"HTTP {response.status}")
+
+
+def _header(headers, name: bytes) -> str | None:
+    for k, v in headers:
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+async def _read_body(receive) -> tuple[bytes, bool]:
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(parts), False
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts), True
+
+
+async def _on_hang_up(receive, task: asyncio.Task) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    task.cancel()
+
+
+async def _send_json(send, status: int, obj) -> None:
+    import json
+
+    body = json.dumps(obj).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,128 @@
+"""`tooltap serve --mcp NAME=URL`: the official SDK's streamable-HTTP server behind a real
+tooltap, driven by the SDK's streamable-HTTP client; bytes and headers as the server
+sent them; every message recorded under its session."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import httpx
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.mcp.http import McpUpstream
+from proxy.scripted import Reply, ScriptedUpstream
+from tests.conftest import Server
+from tests.mcp_support import TASK_PROGRESS, WASHINGTON
+from tests.mcp_weather_server import build
+
+
+def _talk(url: str):
+    """initialize, tools/list, a call with task_progress, a call that fails."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def main():
+        async with streamable_http_client(url) as (r, w):
+            async with ClientSession(r, w) as session:
+                await session.initialize()
+                tools = await session.list_tools()
+                ok = await session.call_tool("get_forecast", {**WASHINGTON, "task_progress": TASK_PROGRESS})
+                bad = await session.call_tool("get_forecast", {"latitude": 0, "longitude": 0})
+                return tools, ok, bad
+
+    return anyio.run(main)
+
+
+def _messages(tooltap, server):
+    deadline = time.monotonic() + 10
+    while True:
+        tooltap.app.mcp.recorder.flush()
+        got = tooltap.api(f"/mcp/messages?server={server}")["messages"][::-1]
+        if len(got) >= 8 or time.monotonic() > deadline:
+            return got
+
+
+def test_sdk_server_and_client_through_tooltap(make_tooltap, upstream):
+    sse_server, json_server = build().streamable_http_app(), build().streamable_http_app(json_response=True)
+    with Server(sse_server) as a, Server(json_server) as b:
+        tooltap = make_tooltap(upstream.url, mcp_servers=(McpUpstream("weather", f"{a.url}/mcp"),
+                                                          McpUpstream("weather-json", f"{b.url}/mcp")))
+        direct = _talk(f"{a.url}/mcp")
+        for name in ("weather", "weather-json"):
+            tools, ok, bad = _talk(f"{tooltap.url}/_mcp/{name}")
+            assert [t.name for t in tools.tools] == [t.name for t in direct[0].tools]
+            assert ok.content[0].text == direct[1].content[0].text and ok.is_error is False
+            assert bad.is_error is True and bad.content[0].text == direct[2].content[0].text
+
+            msgs = _messages(tooltap, name)
+            calls = [m for m in msgs if m["method"] in ("initialize", "tools/list", "tools/call")]
+            assert [(m["direction"], m["method"]) for m in calls] == [
+                ("to_server", "initialize"), ("from_server", "initialize"),
+                ("to_server", "tools/list"), ("from_server", "tools/list"),
+                ("to_server", "tools/call"), ("from_server", "tools/call"),
+                ("to_server", "tools/call"), ("from_server", "tools/call")]
+            assert len({m["connection"] for m in msgs}) == 1  # one Mcp-Session-Id, one connection
+            assert calls[4]["json"]["params"]["arguments"]["task_progress"] == TASK_PROGRESS
+            assert [calls[5]["is_error"], calls[7]["is_error"]] == [False, True]
+
+        tooltap.app.mcp.recorder.flush()
+        page = tooltap.api("/mcp/servers/weather-json")
+        forecast_calls = [c for c in page["recent_calls"] if c["tool"] == "get_forecast"]
+        assert [c["undeclared_arguments"] for c in forecast_calls] == [[], ["task_progress"]]
+        assert [c["is_error"] for c in forecast_calls] == [True, False]
+        assert page["tool_sets"][0]["tool_count"] == 4
+        (run,) = page["connections"]  # the client's DELETE at the end closed its session
+        assert run["transport"] == "http" and run["ended_at"] is not None and run["url"] == f"{b.url}/mcp"
+        servers = {s["name"]: s for s in tooltap.api("/mcp/servers")["servers"]}
+        assert servers["weather"]["calls"] == 2 and servers["weather"]["errors"] == 1
+
+    out = CliRunner().invoke(main, ["schemas", "show", "mcp:weather", "--format", "json",
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 0, out.output
+    assert {t["name"] for t in json.loads(out.output)["tools"]} == {"get_alerts", "get_forecast", "get_radar", "crash"}
+
+
+def test_bytes_and_headers_pass_as_sent(make_tooltap, upstream):
+    """A scripted MCP server: an SSE answer cut mid-event, a 202, a JSON error."""
+    events = (b'event: message\r\nid: 1\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
+              b'"params":{"progress":1}}\r\n\r\n: keep-alive\r\n\r\n'
+              b'data: {"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"\xe2\x98\x83 snow"}]}}\n\n')
+    mcp = ScriptedUpstream({"/mcp": [
+        Reply(200, [("content-type", "text/event-stream"), ("mcp-session-id", "s-1"), ("x-extra", "kept")],
+              [events[i:i + 11] for i in range(0, len(events), 11)]),
+        Reply(202, [], []),
+        Reply.json({"jsonrpc": "2.0", "id": 8, "error": {"code": -32601, "message": "no such method"}}),
+    ]})
+    with Server(mcp) as m:
+        tooltap = make_tooltap(upstream.url, mcp_servers=(McpUpstream("snow", f"{m.url}/mcp"),))
+        call = b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"snow","arguments":{}}}'
+        with httpx.Client(base_url=tooltap.url, timeout=10) as c:
+            r1 = c.post("/_mcp/snow?trace=1", content=call, headers={
+                "content-type": "application/json", "accept": "application/json, text/event-stream",
+                "authorization": "Bearer secret-token-for-the-mcp-server"})
+            r2 = c.post("/_mcp/snow", content=b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+                        headers={"mcp-session-id": "s-1"})
+            r3 = c.post("/_mcp/snow", content=b'{"jsonrpc":"2.0","id":8,"method":"nope"}',
+                        headers={"mcp-session-id": "s-1"})
+            r4 = c.post("/_mcp/unknown", content=b"{}")
+    assert r1.status_code == 200 and r1.content == events
+    assert r1.headers["mcp-session-id"] == "s-1" and r1.headers["x-extra"] == "kept"
+    assert r2.status_code == 202 and r2.content == b""
+    assert r3.json()["error"]["code"] == -32601
+    assert r4.status_code == 404 and "no MCP server" in r4.json()["error"]["message"]
+    sent = mcp.received[0]
+    assert sent.body == call and sent.query == "trace=1" and sent.path == "/mcp"
+    assert sent.header("authorization") == "Bearer secret-token-for-the-mcp-server"  # the agent's, untouched
+
+    tooltap.app.mcp.recorder.flush()
+    msgs = tooltap.api("/mcp/messages?server=snow")["messages"][::-1]
+    assert [(m["direction"], m["kind"], m["method"]) for m in msgs] == [
+        ("to_server", "request", "tools/call"), ("from_server", "notification", "notifications/progress"),
+        ("from_server", "response", "tools/call"), ("to_server", "notification", "notifications/initialized"),
+        ("to_server", "request", "nope"), ("from_server", "response", "nope")]
+    assert msgs[2]["json"]["result"]["content"][0]["text"] == "☃ snow"
+    assert len({m["connection"] for m in msgs}) == 1 and msgs[5]["is_error"] is True
+    assert all("secret-token" not in m["raw"] for m in msgs)

@@ -1,0 +1,305 @@
+"""`tooltap mcp`: a real MCP server (the official SDK) wrapped, driven by the SDK's own
+stdio client and by raw bytes; what passes is exact, what is recorded is complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import sys
+import time
+
+import pytest
+
+from tests.mcp_support import (
+    INITIALIZE, INITIALIZED, TASK_PROGRESS, WASHINGTON, WEATHER, Driven, jsonrpc, recorded, sdk_conversation,
+    with_db, wrapped,
+)
+
+from proxy.mcp import read
+
+
+def test_sdk_client_through_the_wrapper(tmp_path):
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+
+    async def body(session):
+        tools = await session.list_tools()
+        result = await session.call_tool("get_forecast", {**WASHINGTON, "task_progress": TASK_PROGRESS})
+        return tools, result
+
+    tools, result = sdk_conversation(wrapped(db, *WEATHER), body)
+    forecast = tools.tools[[t.name for t in tools.tools].index("get_forecast")]
+    assert forecast.input_schema["additionalProperties"] is False
+    assert result.is_error is False and result.content[0].text.startswith("\nToday:\nTemperature: 68°F")
+
+    msgs = recorded(db)
+    # Named by the server's own answer to initialize; every message, in order, with its direction.
+    assert {m["server"] for m in msgs} == {"weather"}
+    assert [(m["direction"], m["kind"], m["method"]) for m in msgs] == [
+        ("to_server", "request", "initialize"), ("from_server", "response", "initialize"),
+        ("to_server", "notification", "notifications/initialized"),
+        ("to_server", "request", "tools/list"), ("from_server", "response", "tools/list"),
+        ("to_server", "request", "tools/call"), ("from_server", "response", "tools/call"),
+    ]
+    call = msgs[5]
+    assert call["tool"] == "get_forecast"
+    assert call["json"]["params"]["arguments"]["task_progress"] == TASK_PROGRESS  # the server got it
+    assert json.loads(call["raw"]) == call["json"]
+    assert msgs[6]["jsonrpc_id"] == call["jsonrpc_id"] and msgs[6]["is_error"] is False
+    assert all(a["at"] <= b["at"] for a, b in zip(msgs, msgs[1:]))
+
+    def check(db_):
+        sets = read.tool_sets(db_, "weather")
+        assert len(sets) == 1 and {t["name"] for t in sets[0]["tools"]} >= {"get_forecast", "get_alerts"}
+        (conn,) = read.connections(db_, "weather")
+        assert conn["exit_code"] == 0 and conn["transport"] == "stdio" and "mcp_weather_server.py" in conn["command"]
+        (server,) = read.servers(db_)
+        assert server == {**server, "name": "weather", "messages": 7, "calls": 1, "errors": 0}
+        (mc,) = read.calls(db_, server="weather")
+        assert mc.undeclared == ["task_progress"] and mc.latency_ms > 0
+        assert mc.result_text == result.content[0].text
+    with_db(db, check)
+
+
+def _conversation(argv) -> tuple[bytes, int, bytes]:
+    """One request at a time, each answer awaited, so the output is deterministic; the
+    last call crashes the server."""
+    d = Driven(argv)
+    steps = [
+        (jsonrpc(INITIALIZE), 1),
+        (jsonrpc(INITIALIZED), 0),
+        # a line split across writes, CRLF, key order and spacing as an agent might send them
+        (b'{"id": 2, "jsonrpc":"2.0",', None),
+        (b' "method": "tools/list"}\r\n', 2),
+        (jsonrpc({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                  "params": {"name": "get_forecast", "arguments": {**WASHINGTON, "task_progress": TASK_PROGRESS}}}), 3),
+        (jsonrpc({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                  "params": {"name": "get_radar", "arguments": {"megabytes": 5}}}), 4),
+        (b"this line is not JSON\n", None),
+        (jsonrpc({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "crash", "arguments": {}}}), None),
+    ]
+    for data, lines in steps:
+        if lines is None:
+            d.send(data)
+            time.sleep(0.05)
+        else:
+            d.send(data)
+            if lines:
+                d.wait_for(lines)
+    code = d.proc.wait(60)
+    d.finish()
+    return bytes(d.out), code, bytes(d.err)
+
+
+def test_byte_exact_against_an_unwrapped_run_and_the_crash_exit_code(tmp_path):
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    direct_out, direct_code, direct_err = _conversation(WEATHER)
+    out, code, err = _conversation(wrapped(db, *WEATHER))
+
+    assert direct_code == 3 and code == 3  # the server's exit code, passed on
+    assert out == direct_out  # every byte the server wrote, as an unwrapped run gets it
+    assert len(out) > 5 << 20  # the 5 MB result went through whole
+    assert b"crashing on purpose" in direct_err and err == direct_err  # stderr as well
+
+    msgs = recorded(db)
+    to_server = [m for m in msgs if m["direction"] == "to_server"]
+    assert [m["raw"] for m in to_server] == [
+        jsonrpc(INITIALIZE)[:-1].decode(), jsonrpc(INITIALIZED)[:-1].decode(),
+        '{"id": 2, "jsonrpc":"2.0", "method": "tools/list"}\r',  # one message, though written in two
+        jsonrpc({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                 "params": {"name": "get_forecast", "arguments": {**WASHINGTON, "task_progress": TASK_PROGRESS}}})[:-1].decode(),
+        jsonrpc({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                 "params": {"name": "get_radar", "arguments": {"megabytes": 5}}})[:-1].decode(),
+        "this line is not JSON",
+        jsonrpc({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "crash", "arguments": {}}})[:-1].decode(),
+    ]
+    garbage = to_server[5]
+    assert garbage["kind"] == "invalid" and garbage["note"] == "not JSON" and garbage["json"] is None
+    from_server = [m for m in msgs if m["direction"] == "from_server"]
+    assert "".join(m["raw"] + "\n" for m in from_server).encode() == out  # the server's lines, exactly
+    radar = next(m for m in from_server if m["jsonrpc_id"] == 4)
+    assert radar["size"] > 5 << 20 and radar["method"] == "tools/call"
+
+    def check(db_):
+        (conn,) = read.connections(db_, "weather")
+        assert conn["exit_code"] == 3 and "crashing on purpose" in conn["stderr_tail"]
+    with_db(db, check)
+
+
+CAT = [sys.executable, "-c", "import os\nwhile d := os.read(0, 65536): os.write(1, d)"]
+
+
+def test_echo_is_exact_for_any_bytes_and_splits(tmp_path):
+    """Whatever the agent writes, split anywhere (inside a UTF-8 character, between CR
+    and LF), comes back unchanged through a server that echoes it; each line is one
+    message, a batch is kept as one, and a last line without a newline is kept too."""
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    lines = [
+        jsonrpc({"jsonrpc": "2.0", "id": "a", "method": "ping"}),
+        jsonrpc({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                 "params": {"name": "say", "arguments": {"text": "華盛頓\u2028line sep ☃"}}}),
+        b'[{"jsonrpc":"2.0","id":8,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/x"}]\r\n',
+        b"\xff\xfe not utf-8 at all\n",
+        b'{"jsonrpc":"2.0","id":9,"result":{}}',  # no newline: the stream ends here
+    ]
+    data = b"".join(lines)
+    d = Driven(wrapped(db, *CAT, name="echo"))
+    for cut in range(0, len(data), 13):  # 13-byte writes: splits fall everywhere
+        d.send(data[cut:cut + 13])
+    assert d.finish() == 0
+    assert bytes(d.out) == data
+
+    msgs = recorded(db, "echo")
+    sent = [m for m in msgs if m["direction"] == "to_server"]
+    back = [m for m in msgs if m["direction"] == "from_server"]
+    assert len(sent) == len(back) == 5
+    assert [m["kind"] for m in sent] == ["request", "request", "batch", "invalid", "response"]
+    assert sent[1]["json"]["params"]["arguments"]["text"] == "華盛頓\u2028line sep ☃"
+    assert len(sent[2]["json"]) == 2
+    assert sent[4]["note"] == "no newline at the end of the stream"
+    assert [m["size"] for m in sent] == [len(line.rstrip(b"\n")) for line in lines]
+
+
+def test_signals_go_to_the_server_and_its_end_is_ours(tmp_path):
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    handles = ("import signal, sys, time\n"
+               "def bye(n, f):\n    sys.stderr.write(f'got {n}\\n'); sys.stderr.flush(); sys.exit(7)\n"
+               "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    d = Driven(wrapped(db, sys.executable, "-c", handles, name="sig"))
+    d.wait_for(1)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 7  # the server handled it and chose its exit code
+    d.finish()
+    assert b"got 15" in d.err
+
+    d = Driven(wrapped(db, sys.executable, "-c", "print('ready', flush=True)\nimport time; time.sleep(60)", name="sig"))
+    d.wait_for(1)
+    d.proc.send_signal(signal.SIGINT)  # Python dies of an unhandled KeyboardInterrupt by SIGINT itself
+    assert d.proc.wait(30) == -signal.SIGINT
+    d.finish()
+
+    d = Driven(wrapped(db, sys.executable, "-c", "import os, signal\nprint('ready', flush=True)\n"
+                       "signal.signal(signal.SIGTERM, signal.SIG_DFL)\nimport time; time.sleep(60)", name="sig"))
+    d.wait_for(1)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(30) == -signal.SIGTERM  # killed by it: so is the wrapper
+    d.finish()
+    codes = with_db(db, lambda db_: sorted(c["exit_code"] for c in read.connections(db_, "sig")))
+    assert codes == [-15, -2, 7]
+
+
+def test_a_command_that_does_not_exist(tmp_path):
+    d = Driven(wrapped(f"sqlite:///{tmp_path / 'tooltap.db'}", "no-such-mcp-server-here"))
+    assert d.finish() == 127
+    assert d.err.decode().strip().splitlines() == ["tooltap mcp: cannot run 'no-such-mcp-server-here': command not found"]
+    d = Driven(wrapped(f"sqlite:///{tmp_path / 'missing' / 'tooltap.db'}", *CAT))
+    assert d.finish() == 2
+    assert "does not exist" in d.err.decode() and "Traceback" not in d.err.decode()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_database_unreachable_spools_and_a_later_run_stores_it(tmp_path):
+    spool = tmp_path / "spool"
+    down = f"postgresql+psycopg://tooltap:x@127.0.0.1:{_closed_port()}/tooltap"
+    data = jsonrpc({"jsonrpc": "2.0", "id": 1, "method": "ping"}) + b"garbage\n"
+    d = Driven(wrapped(down, *CAT, name="echo", spool=str(spool)))
+    d.send(data)
+    assert d.finish() == 0
+    assert bytes(d.out) == data  # the conversation never noticed
+    assert "database unavailable" in d.err.decode() and d.err.decode().count("\n") == 1
+    files = list(spool.iterdir())
+    assert len(files) == 1 and files[0].read_text().count('"op": "msg"') == 4
+
+    # The database is back (here: another one): the next wrapper adopts what waited.
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    d = Driven(wrapped(db, *CAT, name="echo2", spool=str(spool)))
+    assert d.finish() == 0
+    assert not list(spool.glob("*.jsonl")) and not list(spool.glob("*.replaying"))
+    msgs = recorded(db, "echo")
+    for direction in ("to_server", "from_server"):
+        assert [m["kind"] for m in msgs if m["direction"] == direction] == ["request", "invalid"]
+
+
+def test_a_locked_database_never_slows_the_relay(tmp_path):
+    """SQLite locked by another writer for the whole run: answers come back at once, the
+    messages wait in the spool and reach the database when it is free."""
+    path = tmp_path / "tooltap.db"
+    db = f"sqlite:///{path}"
+    Driven(wrapped(db, *CAT, name="warmup")).finish()  # create and migrate
+    lock = sqlite3.connect(path, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    d = Driven(wrapped(db, *CAT, name="locked"))
+    times = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        d.send(jsonrpc({"jsonrpc": "2.0", "id": i, "method": "ping"}))
+        d.wait_for(i + 1)
+        times.append(time.perf_counter() - t0)
+    assert sorted(times)[10] < 0.25  # median round trip: not held up by the 2 s busy wait
+    lock.execute("ROLLBACK")
+    lock.close()
+    assert d.finish() == 0
+    stored = recorded(db, "locked")
+    spooled = list((tmp_path / "tooltap.db.mcp-spool").glob("*.jsonl"))
+    if len(stored) < 40:  # what the lock kept out waits for the next recorder
+        assert spooled
+        Driven(wrapped(db, *CAT, name="warmup")).finish()
+        stored = recorded(db, "locked")
+    assert len(stored) == 40
+    assert [m["jsonrpc_id"] for m in stored if m["direction"] == "to_server"] == list(range(20))
+
+
+def test_two_wrappers_share_one_database(tmp_path):
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    Driven(wrapped(db, *CAT, name="warmup")).finish()
+    a, b = Driven(wrapped(db, *CAT, name="a")), Driven(wrapped(db, *CAT, name="b"))
+    for i in range(200):
+        a.send(jsonrpc({"jsonrpc": "2.0", "id": i, "method": "ping"}))
+        b.send(jsonrpc({"jsonrpc": "2.0", "id": i, "method": "ping"}))
+    assert a.finish() == 0 and b.finish() == 0
+    for name in ("a", "b"):
+        got = recorded(db, name)
+        assert len(got) == 400
+        assert [m["jsonrpc_id"] for m in got if m["direction"] == "to_server"] == list(range(200))
+    assert os.path.exists(tmp_path / "tooltap.db")
+
+
+def _backends():
+    from tests.conftest import postgres_url
+
+    return ["sqlite"] + (["postgres"] if postgres_url() else [])
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_tool_sets_are_stored_once_per_change(tmp_path, backend):
+    """Each distinct tools/list answer is one tool set, seen as often as it came; on
+    SQLite and on Postgres."""
+    if backend == "postgres":
+        from sqlalchemy import create_engine, text
+
+        from tests.conftest import postgres_url
+
+        db = postgres_url()
+        with create_engine(db).begin() as conn:  # a clean schema for this run
+            conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+    else:
+        db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    one = [{"name": "a", "inputSchema": {"type": "object"}}]
+    two = one + [{"name": "b", "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}}}]
+    lines = b""
+    for i, tools in enumerate([one, one, two], start=1):  # the echo answers every request with itself
+        lines += jsonrpc({"jsonrpc": "2.0", "id": i, "method": "tools/list"})
+        lines += jsonrpc({"jsonrpc": "2.0", "id": i, "result": {"tools": tools}})
+    d = Driven(wrapped(db, *CAT, name="lister"))
+    d.send(lines)
+    assert d.finish() == 0 and bytes(d.out) == lines
+    sets = with_db(db, lambda db_: read.tool_sets(db_, "lister"))
+    assert [(s["tool_count"], s["seen"]) for s in sets] == [(1, 2), (2, 1)]
+    assert sets[1]["tools"] == two

@@ -131,12 +131,13 @@ def test_non_json_response_is_kept_raw_and_flagged(make_tooltap, upstream):
 def test_client_gone_before_headers_is_client_aborted(tooltap, upstream):
     """The agent gives up while the model is still thinking: tooltap stops waiting too."""
     upstream.routes["/chat/completions"] = Reply.json({"too": "late"}, wait=3)
-    started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{tooltap.url}/chat/completions", json=REQ, timeout=0.5)
     turn = only_turn(tooltap)
     assert turn["status"] == "client_aborted" and turn["http_status"] is None
-    assert time.monotonic() - started < 2.5  # recorded at the hang-up, not after the upstream's answer
+    # Ended at the hang-up (0.5 s), not after the upstream's answer (3 s); how long the
+    # writer then takes to store it is another matter.
+    assert turn["duration_ms"] < 2000
 
 
 def test_half_sent_request_is_not_forwarded(tooltap, upstream):

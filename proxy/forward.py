@@ -155,6 +155,11 @@ class Forwarder:
         if incomplete:  # a half-sent request must not reach the upstream as if whole
             self.sink(capture.finish("client_aborted", incomplete))
             return
+        if not raw_path.startswith("/"):  # `OPTIONS *`: a question to this server, not a route
+            error = f"the request target {raw_path!r} names no upstream path"
+            await _answer_error(send, capture, 400, "tooltap_bad_target", error)
+            self.sink(capture.finish("proxy_error", error))
+            return
 
         url = URL(upstream.url + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else ""),
                   encoded=True)
@@ -203,6 +208,10 @@ class Forwarder:
                 else:
                     response.close()  # cut short: close it, so the upstream stops generating
             self.sink(capture.finish(status, error))
+            if status == "proxy_error" and error != SHUT_DOWN:
+                # The agent only sees a 502: whoever runs tooltap must see why, in one line
+                # (the path and URL are the redacted ones that are stored).
+                log.warning("%s %s -> %s: %s", method, capture.record.path, capture.record.upstream, error)
         if status == "upstream_aborted":
             raise UpstreamAborted(error)
         if error == SHUT_DOWN and started:

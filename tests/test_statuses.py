@@ -175,3 +175,26 @@ def test_unparseable_stream_events_are_flagged_and_kept_raw(tooltap, upstream):
     assert turn["response"]["choices"][0]["message"]["content"] == "good end"
     assert "1 event(s) were not JSON" in turn["error"]
     assert httpx.get(f"{tooltap.url}/_tooltap/api/turns/{turn['id']}/raw").content == body
+
+
+def test_options_star_is_answered_and_recorded(tooltap, upstream):
+    host, port = tooltap.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"OPTIONS * HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 400") and b"tooltap_bad_target" in answer
+    turn = only_turn(tooltap)
+    assert turn["status"] == "proxy_error" and turn["path"] == "*" and "'*'" in turn["error"]
+    assert upstream.received == []
+
+
+def test_an_unreachable_upstream_is_one_log_line_without_secrets(make_tooltap, caplog):
+    tooltap = make_tooltap("http://127.0.0.1:9")  # nothing listens on the discard port
+    with caplog.at_level("WARNING", logger="tooltap"):
+        r = httpx.post(f"{tooltap.url}/chat/completions?key=AIzaSecretSecretSecret123", json=REQ,
+                       headers={"authorization": "Bearer sk-secret-0123456789abcdef"})
+        tooltap.flush()
+    assert r.status_code == 502
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "tooltap"]
+    assert len(lines) == 1 and "POST /chat/completions" in lines[0] and "127.0.0.1:9" in lines[0]
+    assert "Secret" not in lines[0] and "sk-secret" not in lines[0]

@@ -2,7 +2,7 @@
 
 A newcomer with no API key runs one command and sees the inspector working: the real
 cline-weather session (Cline 3.x through DeepSeek, an MCP call, task_progress, "result
-missing" pairing), a generic agent making parallel tool calls (one with an argument outside
+missing" pairing) and an English one beside it (a retried request, a changed tool set), a generic agent making parallel tool calls (one with an argument outside
 its schema), an upstream error (Anthropic 529) and a stream the upstream drops halfway.
 Every scenario goes through tooltap over real HTTP, exactly like an agent's traffic.
 """
@@ -151,8 +151,54 @@ def slow_haiku(delay: float = 0.15) -> list[Step]:
                  Reply.sse(chat_sse(model, words(text), finish="stop", cid="chatcmpl-haiku"), delay=delay))]
 
 
+def cline_seattle(delay: float = 0.0) -> list[Step]:
+    """An English Cline session over the same MCP weather server: the second request is
+    retried after a 503 (a branch), and it offers a newer version of the
+    weather tools (get_forecast gains `days`), so the schemas page has a real diff."""
+    first = json.loads((DATA / "cline-weather" / "turn1" / "request.json").read_bytes())
+    task, hint, env = first["messages"][1]["content"]
+    env_text = env["text"].replace("2026/3/7 下午9:28:57 (Asia/Shanghai, UTC+8:00)",
+                                   "3/7/2026, 9:28:57 AM (America/Los_Angeles, UTC-8:00)")
+    user = {"role": "user", "content": [{"type": "text", "text": "<task>\nWhat's the weather in Seattle "
+                                         "tomorrow?\n</task>"}, hint, {"type": "text", "text": env_text}]}
+    turn1 = {**first, "messages": [first["messages"][0], user]}
+    progress = ("- [x] Find Seattle's coordinates\n- [ ] Get tomorrow's forecast\n- [ ] Summarize it")
+    call = {"id": "call_sea_1", "type": "function", "function": {
+        "name": "cIya4J0mcp0get_forecast",
+        "arguments": json.dumps({"latitude": 47.6062, "longitude": -122.3321, "task_progress": progress})}}
+    deltas = words("Seattle is at about 47.61 N, 122.33 W. I'll ask the weather server.") + [
+        {"tool_calls": [{"index": 0, **{k: v for k, v in call.items() if k != "function"},
+                         "function": {"name": call["function"]["name"], "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}]
+    model = first["model"]
+    answer1 = chat_sse(model, deltas, {"prompt_tokens": 11920, "completion_tokens": 88, "total_tokens": 12008},
+                       "tool_calls", "chatcmpl-sea1")
+    forecast = ("[use_mcp_tool for 'weather'] Result:\n\nTomorrow:\nTemperature: 51°F\nWind: 5 mph S\n"
+                "Forecast: Rain likely, mostly cloudy, high near 51.")
+    tools_v2 = json.loads(json.dumps(first["tools"]))
+    for tool in tools_v2:
+        fn = tool["function"]
+        if fn["name"] == "cIya4J0mcp0get_forecast":
+            fn["parameters"]["properties"]["days"] = {"type": "integer", "minimum": 1, "maximum": 7,
+                                                      "description": "How many days to forecast"}
+    turn2 = {**first, "tools": tools_v2, "messages": [
+        first["messages"][0], user,
+        {"role": "assistant", "content": "Seattle is at about 47.61 N, 122.33 W. I'll ask the weather server.",
+         "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_sea_1", "content": "result missing"},
+        {"role": "user", "content": [{"type": "text", "text": forecast}, {"type": "text", "text": env_text}]}]}
+    answer2 = chat_sse(model, words("Tomorrow in Seattle: rain likely and mostly cloudy, with a high "
+                                    "near 51°F (11°C) and a light south wind."),
+                       {"prompt_tokens": 12240, "completion_tokens": 31, "total_tokens": 12271}, "stop", "chatcmpl-sea2")
+    busy = Reply.json({"error": {"message": "Service temporarily unavailable, retry", "type": "overloaded"}},
+                      status=503)
+    return [Step("/chat/completions", turn1, Reply.sse(answer1, delay=delay)),
+            Step("/chat/completions", turn2, busy),  # Cline retries the same request
+            Step("/chat/completions", turn2, Reply.sse(answer2, delay=delay))]
+
+
 def all_scenarios(delay: float = 0.0) -> list[list[Step]]:
-    return [cline_weather(delay), parallel_calls(delay), upstream_error(), aborted_stream()]
+    return [cline_weather(delay), cline_seattle(delay), parallel_calls(delay), upstream_error(), aborted_stream()]
 
 
 class _QuietDrops(logging.Filter):

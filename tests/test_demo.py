@@ -14,9 +14,20 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
     with demo.running(db_url=f"sqlite:///{tmp_path}/demo.db") as d:
         d.play_all()
         sessions = httpx.get(d.url + "/_tooltap/api/sessions").json()["sessions"]
-        by_model = {s["models"][0]: s for s in sessions}
+        by_model = {s["models"][0]: s for s in sessions if not s["title"].startswith("What's the weather")}
         assert set(by_model) == {"deepseek-chat", "gpt-4.1-mini", "claude-sonnet-4-5", "qwen3-coder"}
         assert by_model["deepseek-chat"]["turns"] == 4 and by_model["deepseek-chat"]["tool_calls"] == 3
+        # The English Cline session: a retried request is a branch of its session, and
+        # its second request offers a newer tool set, which the schemas page compares.
+        seattle = next(s for s in sessions if s["title"].startswith("What's the weather in Seattle"))
+        turns = httpx.get(f"{d.url}/_tooltap/api/sessions/{seattle['id']}").json()["turns"]
+        assert [t["status"] for t in turns] == ["ok", "upstream_error", "ok"]
+        assert turns[1]["parent_id"] == turns[2]["parent_id"] == turns[0]["id"]
+        html = httpx.get(f"{d.url}/_tooltap/sessions/{seattle['id']}").text
+        assert "branch 2/2" in html and "Service temporarily unavailable" in html
+        schemas = httpx.get(f"{d.url}/_tooltap/schemas", params={"a": f"turn:{turns[0]['id']}",
+                                                                 "b": f"turn:{turns[2]['id']}"}).text
+        assert "weather › get_forecast" in schemas and "$.parameters.properties.days" in schemas
         assert by_model["gpt-4.1-mini"]["tool_calls"] == 2
         statuses = {t["model"]: t["status"] for t in httpx.get(d.url + "/_tooltap/api/turns").json()["turns"]}
         assert statuses["claude-sonnet-4-5"] == "upstream_error"

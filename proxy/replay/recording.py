@@ -111,7 +111,9 @@ def open_reader(db_url: str):
 
 def load(reader, session_id: str) -> Recording:
     """One stored session with every turn whole, in the order they arrived."""
-    reader = _shared_blob_reader(reader.engine)
+    from ..store.read import Reader
+
+    reader = Reader(reader.engine, cache_blobs=True)  # each message read once per session
     session = reader.session(session_id)
     if session is None:
         raise RecordingError(f"no session {session_id!r} in this database (session ids are in the inspector's addresses and in /_tooltap/api/sessions)")
@@ -129,26 +131,6 @@ def load(reader, session_id: str) -> Recording:
             calls=[RecordedCall.from_api(c) for c in t["tool_calls"]], decoding=t.get("decoding"),
         ))
     return Recording(session_id, session.get("title"), session.get("agent"), turns)
-
-
-def _shared_blob_reader(engine):
-    """A Reader that reads each stored message once per session: every request repeats the
-    history before it, so rebuilding turn after turn from scratch costs n² reads (6 s
-    instead of 0.3 s for 50 turns). The messages are shared between turns' requests:
-    read them, do not change them."""
-    from ..store.read import Reader
-
-    class SharedBlobs(Reader):
-        def __init__(self, engine) -> None:
-            super().__init__(engine)
-            self._blobs: dict[str, Any] = {}
-
-        def blob(self, db, h: str) -> Any:
-            if h not in self._blobs:
-                self._blobs[h] = super().blob(db, h)
-            return self._blobs[h]
-
-    return SharedBlobs(engine)
 
 
 def session_ids(reader) -> Iterator[str]:

@@ -43,8 +43,13 @@ def iso(t: float | None) -> str | None:
 
 
 class Reader:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, *, cache_blobs: bool = False):
+        """cache_blobs: read each blob once for this Reader's life. For one-shot readers of
+        whole sessions (replay, export), where every request repeats the messages before
+        it; never for the server's long-lived reader. Cached values are shared: read them,
+        do not change them."""
         self.engine = engine
+        self._blobs: dict[str, Any] | None = {} if cache_blobs else None
 
     # -- sessions --------------------------------------------------------------------
 
@@ -136,8 +141,13 @@ class Reader:
             return base64.b64encode(data).decode("ascii"), "base64"
 
     def blob(self, db: DB, h: str) -> Any:
+        if self._blobs is not None and h in self._blobs:
+            return self._blobs[h]
         row = db.get(Blob, h)
-        return None if row is None else content.unpack(row.data)
+        value = None if row is None else content.unpack(row.data)
+        if self._blobs is not None:
+            self._blobs[h] = value
+        return value
 
     def tools_of(self, turn_id: int) -> list | None:
         if not known_id(turn_id):

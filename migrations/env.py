@@ -11,13 +11,22 @@ target_metadata = SQLModel.metadata
 
 
 def run(connection) -> None:
+    sqlite = connection.dialect.name == "sqlite"
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=sqlite,
     )
-    with context.begin_transaction():
-        context.run_migrations()
+    if sqlite:
+        # Batch mode rebuilds a table and renames the copy; SQLite's modern rename would
+        # refuse while a view (0005) names the table, so the legacy rename is used.
+        connection.exec_driver_sql("PRAGMA legacy_alter_table=ON")
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA legacy_alter_table=OFF")
 
 
 connection = config.attributes.get("connection")

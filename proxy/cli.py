@@ -14,6 +14,8 @@ import click
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
 from .mcp.cli import mcp as mcp_command
 from .replay.cli import export, replay
+from .har.cli import import_command
+from .otel.cli import otel, otlp_options
 from .schemas.cli import schemas
 from .secrets import add_secret_names
 
@@ -57,6 +59,7 @@ def _secret_names(ctx, param, values):
 
 
 @main.command()
+@otlp_options
 @click.option("--upstream", "upstreams", multiple=True, callback=_upstream, metavar="URL | NAME=URL",
               help="Where to forward. A bare URL is served at the root; NAME=URL under /NAME/. Repeatable.")
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
@@ -233,6 +236,8 @@ def redecode(db_url) -> None:
 
 
 main.add_command(schemas)
+main.add_command(otel)
+main.add_command(import_command)
 main.add_command(replay)
 main.add_command(export)
 main.add_command(mcp_command)

@@ -188,10 +188,18 @@ def _pair(text: str, option: str, shape: str, sep: str = "=") -> tuple[str, str]
 @db_option
 @click.option("--pytest", "pytest_dir", metavar="DIR", default=None,
               help="Write a cassette and a pytest module that replays SESSION offline into DIR.")
-def export(session_id, db_url, pytest_dir) -> None:
+@click.option("--har", "har_path", metavar="FILE", default=None,
+              help="Write SESSION as a HAR 1.2 file (browser devtools, mitmproxy; `tooltap import` reads it).")
+def export(session_id, db_url, pytest_dir, har_path) -> None:
     """Export a stored session."""
-    if not pytest_dir:
-        raise click.UsageError("say what to export: --pytest DIR")
+    if not (pytest_dir or har_path):
+        raise click.UsageError("say what to export: --pytest DIR or --har FILE")
+    if har_path:
+        from ..har.cli import write_har
+
+        click.echo(f"wrote {har_path} ({write_har(db_url, session_id, har_path)} entries)")
+        if not pytest_dir:
+            return
     recording = _recording(_reader(db_url), session_id)
     from .export import ExportError, export_pytest
 

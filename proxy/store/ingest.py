@@ -13,6 +13,7 @@ from .. import apis
 from ..capture import TurnRecord, assemble, decompress
 from . import content
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
+from .readable import reply_text
 from .sessions import OTHER_PREFIX, OTHER_TITLE, chain_root, place, session_key
 
 TITLE_MAX = 200
@@ -82,6 +83,7 @@ class Ingestor:
         )
         if response is not None:
             turn.response = content.pack(response)
+            turn.response_text = reply_text(rec.api, response)
         if not isinstance(request, dict):
             turn.request_raw = content.compress_chunks([rec.request_body]) if rec.request_body else None
             request = None

@@ -89,6 +89,7 @@ class Turn(SQLModel, table=True):
     stream_error: Any = Field(default=None, sa_column=Column(_JSON))
     tool_call_count: int = 0
     decoding: Any = Field(default=None, sa_column=Column(_JSON))  # agent decoders' per-turn output
+    response_text: str | None = Field(default=None, sa_column=Column(Text))  # the reply, readable by SQL (readable.py)
     uid: str | None = Field(default=None, max_length=32, unique=True, index=True)  # the journal's id for the turn
 
 

@@ -68,6 +68,8 @@ class Writer:
         self._retry_after = 0.0  # monotonic time before which the spool is not retried
         self._stopping = False
         self.on_done: Callable[[list[TurnRecord]], None] | None = None
+        # Called with the stored turns' live events after each commit (OpenTelemetry export).
+        self.on_stored: Callable[[list[dict]], None] | None = None
 
     def start(self, migrate_first: bool = True) -> None:
         if migrate_first:
@@ -199,6 +201,8 @@ class Writer:
         if self.live is not None:
             for event in events:
                 self.live.publish_threadsafe(event)
+        if self.on_stored is not None:
+            self.on_stored(events)
         return []
 
     def _commit(self, records: list[TurnRecord]) -> tuple[list[dict], int]:

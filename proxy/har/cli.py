@@ -1,0 +1,68 @@
+"""`tooltap import FILE.har`, and the `--har FILE` of `tooltap export`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..config import DEFAULT_DB
+from . import HarError
+
+
+class HarProblem(click.ClickException):
+    exit_code = 2
+
+
+def write_har(db_url: str, session_id: str, path: str) -> int:
+    """`tooltap export SESSION --har FILE`: returns the number of entries written."""
+    from ..replay.recording import RecordingError, open_reader
+    from .export import session_har
+
+    try:
+        har = session_har(open_reader(db_url), session_id)
+    except (RecordingError, HarError) as exc:
+        raise HarProblem(str(exc)) from None
+    target = Path(path)
+    if not target.resolve().parent.is_dir():
+        raise HarProblem(f"cannot write {path}: the folder {target.resolve().parent} does not exist")
+    text = json.dumps(har, ensure_ascii=False, indent=1)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate a model wrote: escaped, as JSON can
+        data = json.dumps(har, indent=1).encode("ascii")
+    try:
+        target.write_bytes(data)
+    except OSError as exc:
+        raise HarProblem(f"cannot write {path}: {exc.strerror or exc}") from None
+    return len(har["log"]["entries"])
+
+
+@click.command("import")
+@click.argument("path", metavar="FILE.har", type=click.Path(dir_okay=False))
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
+              help="The tooltap database to load into (created if missing; env: TOOLTAP_DB).")
+@click.option("--all-requests", is_flag=True,
+              help="Also store entries that are no model call (pages, images, model lists).")
+def import_command(path, db_url, all_requests) -> None:
+    """Load a HAR file (browser devtools, mitmproxy, `tooltap export --har`) into the store.
+
+    Model calls are reassembled, decoded and threaded into sessions as if they had passed
+    through tooltap; importing the same file again stores nothing twice."""
+    from ..store.db import DatabaseUnavailable
+    from .load import import_har
+
+    try:
+        done = import_har(path, db_url, all_requests=all_requests)
+    except HarError as exc:
+        raise HarProblem(str(exc)) from None
+    except DatabaseUnavailable as exc:
+        raise HarProblem(str(exc)) from None
+    notes = []
+    if done.already:
+        notes.append(f"{done.already} already stored")
+    if done.skipped:
+        notes.append(f"{done.skipped} not a model call (--all-requests keeps them)")
+    click.echo(f"imported {done.turns} turn(s) into {len(done.sessions)} session(s)"
+               + (f"; {', '.join(notes)}" if notes else ""))

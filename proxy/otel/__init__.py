@@ -1,0 +1,29 @@
+"""OpenTelemetry export: stored turns as spans that follow the GenAI semantic conventions.
+
+- `spans.py`: a stored turn as plain span records (no SDK needed): one `chat` span per
+  turn, one `execute_tool` child per tool call, a trace per session.
+- `messages.py`: the opt-in content (`--otlp-content`): messages in the conventions' form.
+- `source.py`: reading stored turns for export.
+- `sdk.py`: the official SDK's side: span records as SDK spans, the OTLP/HTTP exporter.
+- `live.py`: `tooltap serve --otlp-endpoint`: exports from the writer process, after commit.
+- `cli.py`: `tooltap otel export`: stored sessions after the fact.
+
+The SDK is an optional extra (`pip install 'tooltap[otel]'`): only `sdk.py` imports it.
+"""
+
+from __future__ import annotations
+
+INSTALL_HINT = "OpenTelemetry export needs the SDK and its OTLP exporter: pip install 'tooltap[otel]'"
+
+
+class OtelUnavailable(RuntimeError):
+    """The SDK is not installed (the message says what to install)."""
+
+
+def traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL for an endpoint given as OTEL_EXPORTER_OTLP_ENDPOINT is
+    (a base URL, `/v1/traces` appended), or as the traces URL itself."""
+    endpoint = endpoint.strip()
+    if endpoint.rstrip("/").endswith("/v1/traces"):
+        return endpoint
+    return endpoint.rstrip("/") + "/v1/traces"

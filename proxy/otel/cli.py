@@ -1,0 +1,108 @@
+"""`tooltap otel export`, and the `serve --otlp-endpoint` settings."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import click
+
+from ..config import DEFAULT_DB
+from . import OtelUnavailable, traces_url
+from .live import CONTENT_ENV, ENDPOINT_ENV
+
+
+class OtelError(click.ClickException):
+    exit_code = 2  # the environment's problem (no SDK, no collector), not a finding
+
+
+endpoint_option = click.option(
+    "--otlp-endpoint", "endpoint", envvar="OTEL_EXPORTER_OTLP_ENDPOINT", metavar="URL", default=None,
+    help="An OTLP/HTTP collector: its base URL (/v1/traces is added) or its traces URL. "
+         "Env: OTEL_EXPORTER_OTLP_ENDPOINT.")
+content_option = click.option(
+    "--otlp-content", "content", is_flag=True, envvar="OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+    help="Also send messages, system instructions, tool definitions and tool-call arguments and "
+         "results (sensitive: off by default, as the GenAI conventions require).")
+
+
+def _require_sdk() -> None:
+    from .sdk import require
+
+    try:
+        require()
+    except OtelUnavailable as exc:
+        raise OtelError(str(exc)) from None
+
+
+def configure_serve(endpoint: str | None, content: bool) -> str | None:
+    """For `tooltap serve`: check the SDK is there and hand the settings to the writer
+    process (spawned: it reads them from its environment). Returns the traces URL."""
+    if not endpoint:
+        os.environ.pop(ENDPOINT_ENV, None)
+        return None
+    _require_sdk()
+    url = traces_url(endpoint)
+    os.environ[ENDPOINT_ENV] = url
+    os.environ[CONTENT_ENV] = "1" if content else ""
+    return url
+
+
+def otlp_options(command):
+    """`--otlp-endpoint` and `--otlp-content` for `tooltap serve`, handled here so the
+    command itself needs no change: the SDK is checked (one line and exit 2 when it is
+    missing) and the settings handed on before the command runs."""
+
+    @functools.wraps(command)
+    def run(*args, endpoint=None, content=False, **kwargs):
+        url = configure_serve(endpoint, content)
+        if url:
+            click.echo(f"tooltap: spans of stored turns to {url}{' (with content)' if content else ''}")
+        return command(*args, **kwargs)
+
+    return endpoint_option(content_option(run))
+
+
+@click.group()
+def otel() -> None:
+    """OpenTelemetry: stored turns as GenAI spans for Jaeger, Tempo, Langfuse, Phoenix..."""
+
+
+@otel.command("export")
+@click.argument("session_ids", nargs=-1, metavar="[SESSION ...]")
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
+              help="The tooltap database to read (env: TOOLTAP_DB).")
+@endpoint_option
+@content_option
+def export_cmd(session_ids, db_url, endpoint, content) -> None:
+    """Send stored sessions (default: all) to an OTLP collector, one trace per session.
+
+    Sending a session again gives the same trace and span ids."""
+    from ..store.db import DatabaseUnavailable, open_database
+    from .sdk import ExportFailed, send
+    from .source import session_ids as stored_ids, session_turns
+    from .spans import session_spans
+
+    if not endpoint:
+        raise click.UsageError("give --otlp-endpoint URL (or set OTEL_EXPORTER_OTLP_ENDPOINT)")
+    _require_sdk()
+    try:
+        engine = open_database(db_url, create=False)
+    except DatabaseUnavailable as exc:
+        raise OtelError(str(exc)) from None
+    known = stored_ids(engine)
+    ids = list(dict.fromkeys(session_ids)) or known
+    missing = sorted(set(ids) - set(known))
+    if missing:
+        raise OtelError(f"no session {missing[0]!r} in this database")
+    url = traces_url(endpoint)
+
+    def spans():  # one session in memory at a time
+        for session_id in ids:
+            yield from session_spans(session_turns(engine, session_id, content), content)
+
+    try:
+        sent = send(spans(), url)
+    except ExportFailed as exc:
+        raise OtelError(str(exc)) from None
+    click.echo(f"sent {sent} span(s) of {len(ids)} session(s) to {url}")

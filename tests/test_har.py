@@ -1,0 +1,178 @@
+"""HAR: a Cline session recorded through a real tooltap goes out as HAR 1.2 (checked
+against a schema written from the format's specification) and comes back into a fresh
+database the same; a mitmproxy-style HAR from elsewhere is reassembled, decoded,
+threaded and stripped of its keys on the way in."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.store.db import open_database
+from proxy.store.read import Reader
+from tests.cline_db import recorded_cline_db
+from tests.conftest import FIXTURES, cline_turn
+from tests.har_samples import KEY, REPLY, STREAM, mitmproxy_har
+
+SCHEMA = json.loads((FIXTURES / "har-1.2.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cline(tmp_path_factory):
+    return recorded_cline_db(tmp_path_factory)
+
+
+def _run(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _export(db: Path, session_id: str, path: Path) -> dict:
+    out = _run("export", session_id, "--db", str(db), "--har", str(path))
+    assert out.strip() == f"wrote {path} (4 entries)"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _everything(db_url: str) -> list[dict]:
+    """Sessions with their turns and tool calls, without what a database assigns (ids)."""
+    reader = Reader(open_database(db_url, create=False))
+    out = []
+    for s in reader.sessions():
+        turns = reader.session(s["id"])["turns"]
+        position = {t["id"]: i for i, t in enumerate(turns)}
+        whole = []
+        for summary in turns:
+            t = reader.turn(summary["id"])
+            raw = reader.raw(t["id"])
+            whole.append({
+                **{k: t[k] for k in ("api", "method", "path", "upstream", "model", "http_status", "status", "stream",
+                                     "started_at", "ttft_ms", "duration_ms", "usage", "error", "request", "request_encoding", "response",
+                                     "raw_sha256", "raw_size", "request_headers", "response_headers", "decoding")},
+                "parent": position.get(t["parent_id"]), "raw": raw[0],
+                "timeline": reader.timeline(t["id"]),
+                "tool_calls": [{k: v for k, v in c.items()} for c in t["tool_calls"]],
+            })
+        out.append({**s, "turns": whole})
+    return out
+
+
+def test_export_is_har_1_2_with_exact_bodies_and_capture_timings(cline, tmp_path):
+    db, session_id = cline
+    har = _export(db, session_id, tmp_path / "s.har")
+    jsonschema.Draft202012Validator(SCHEMA).validate(har)
+
+    entries = har["log"]["entries"]
+    reader = Reader(open_database(f"sqlite:///{db}", create=False))
+    turns = reader.session(session_id)["turns"]
+    for n, (e, t) in enumerate(zip(entries, turns)):
+        assert e["request"]["method"] == "POST" and e["request"]["url"].endswith("/chat/completions")
+        assert json.loads(e["request"]["postData"]["text"]) == json.loads(cline_turn(n + 1)["request"])
+        assert e["response"]["status"] == 200 and e["response"]["statusText"] == "OK"
+        assert e["response"]["content"]["mimeType"] == "text/event-stream"
+        body = e["response"]["content"]["text"].encode()
+        assert body == reader.raw(t["id"])[0]  # the exact bytes the agent got
+        if n < 3:
+            assert body == cline_turn(n + 1)["sse"]
+        assert e["timings"]["wait"] == pytest.approx(t["ttft_ms"], abs=0.001)
+        assert e["time"] == pytest.approx(t["duration_ms"], abs=0.001)
+        assert e["timings"]["wait"] + e["timings"]["receive"] == pytest.approx(e["time"], abs=0.002)
+        assert e["_tooltap"]["session_id"] == session_id and e["_tooltap"]["turn_id"] == t["id"]
+    # The key is a fingerprint, as stored; the secret itself is nowhere in the file.
+    auth = next(h["value"] for h in entries[0]["request"]["headers"] if h["name"] == "authorization")
+    assert auth.startswith("Bearer …") and "#" in auth
+    assert "sk-cline-secret" not in (tmp_path / "s.har").read_text(encoding="utf-8")
+
+    # The schema is no rubber stamp: what the format requires, it checks.
+    broken = json.loads(json.dumps(har))
+    del broken["log"]["entries"][0]["timings"]["wait"]
+    broken["log"]["entries"][1]["response"]["content"]["size"] = "12"
+    assert len(list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(broken))) == 2
+
+
+def test_round_trip_into_a_fresh_database(cline, tmp_path):
+    db, session_id = cline
+    path = tmp_path / "s.har"
+    _export(db, session_id, path)
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert _run("import", str(path), "--db", fresh).strip() == "imported 4 turn(s) into 1 session(s)"
+
+    before, after = _everything(f"sqlite:///{db}"), _everything(fresh)
+    assert [s["id"] for s in after] == [session_id]
+    assert after == before  # sessions, turns, tool calls, decoding: all the same
+    calls = [c for t in after[0]["turns"] for c in t["tool_calls"]]
+    assert [(c["decoded"]["tool"], c["decoded"]["server"]) for c in calls] == [
+        ("list_files", None), ("read_file", None), ("get_forecast", "weather")]
+    assert calls[2]["result"]["status"] == "ok"
+
+    # Importing again stores nothing twice.
+    again = _run("import", str(path), "--db", fresh)
+    assert again.strip() == "imported 0 turn(s) into 0 session(s); 4 already stored"
+    assert len(Reader(open_database(fresh, create=False)).turns()) == 4
+
+
+def test_a_mitmproxy_har_is_stored_as_if_it_had_passed_through(tmp_path):
+    path = tmp_path / "flows.har"
+    path.write_text(json.dumps(mitmproxy_har(), indent=4))
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    out = _run("import", str(path), "--db", db)
+    assert out.strip() == "imported 2 turn(s) into 1 session(s); 1 not a model call (--all-requests keeps them)"
+
+    reader = Reader(open_database(db, create=False))
+    [session] = reader.sessions()
+    assert session["title"] == "weather in Paris tomorrow?" and session["agent"] == "cline"
+    first, second = (reader.turn(t["id"]) for t in reader.session(session["id"])["turns"])
+    assert second["parent_id"] == first["id"]  # threaded by its history
+    assert first["api"] == "openai.chat" and first["path"] == "/v1/chat/completions"
+    assert first["upstream"] == "https://api.openai.com"
+    assert first["response"]["choices"][0]["message"]["content"] == REPLY
+    # The stream is reassembled from the decoded text; its encoding header no longer applies.
+    assert second["stream"] is True
+    assert second["response"]["choices"][0]["message"]["content"] == "Sunny, 24°C tomorrow."
+    assert second["usage"]["prompt_tokens"] == 120
+    assert reader.raw(second["id"])[0] == STREAM.encode()
+    assert "content-encoding" not in {k.lower() for k, _ in second["response_headers"]}
+    # Timings: the first byte after send and wait (connect and ssl were null: a reused connection).
+    assert (second["ttft_ms"], second["duration_ms"]) == (401.0, 651.0)
+    # The key arrived in clear and is stored as a fingerprint only.
+    auth = dict(first["request_headers"])["authorization"]
+    assert auth.startswith("Bearer …") and KEY not in auth
+    assert KEY.encode() not in (tmp_path / "m.db").read_bytes()
+    # Decoded as Cline: the XML call in the reply, its MCP server, its result from the next request.
+    [call] = first["tool_calls"]
+    assert call["source"] == "text" and call["decoded"]["server"] == "weather"
+    assert call["decoded"]["tool"] == "get_forecast" and call["arguments"] == {"latitude": 48.85, "longitude": 2.35}
+    assert call["result"]["text"] == "Sunny, 24°C"
+
+    # mitmproxy's compressed .zhar reads the same; --all-requests keeps the model list too.
+    zhar = tmp_path / "flows.zhar"
+    zhar.write_bytes(zlib.compress(path.read_bytes(), 9))
+    everything = f"sqlite:///{tmp_path / 'all.db'}"
+    assert _run("import", str(zhar), "--db", everything, "--all-requests").strip() == \
+        "imported 3 turn(s) into 2 session(s)"
+
+
+def test_import_errors_are_one_line(tmp_path):
+    runner = CliRunner()
+    cases = {
+        "missing.har": None,
+        "text.har": b"hello",
+        "nolog.har": b'{"entries": []}',
+        "bad-entry.har": json.dumps({"log": {"entries": [{"request": {"method": "POST"}}]}}).encode(),
+    }
+    for name, content in cases.items():
+        path = tmp_path / name
+        if content is not None:
+            path.write_bytes(content)
+        result = runner.invoke(main, ["import", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+        assert result.exit_code == 2, (name, result.output)
+        assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    nothing = runner.invoke(main, ["export", "nope", "--db", f"sqlite:///{tmp_path / 'x.db'}",
+                                   "--har", str(tmp_path / "o.har")])
+    assert nothing.exit_code == 2 and "no session 'nope'" in nothing.output

@@ -1,0 +1,233 @@
+"""OpenTelemetry export: a Cline session recorded through a real tooltap reaches a real
+OTLP/HTTP receiver (decoded with the official protobuf package) as GenAI spans, live from
+the writer process and after the fact; a dead collector costs the proxy nothing."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.otel import traces_url
+from proxy.otel.spans import trace_id, usage_attributes
+from proxy.scripted import Reply
+from tests.cline_db import recorded_cline_db
+from tests.conftest import cline_turn, free_port
+from tests.otlp_receiver import OtlpReceiver
+from tests.test_proxy_e2e import play_cline
+
+INTERNAL, CLIENT = 1, 3  # SpanKind in the OTLP protobuf
+CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
+                "gen_ai.tool.definitions", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
+
+
+@pytest.fixture
+def receiver():
+    with OtlpReceiver() as r:
+        yield r
+
+
+def _by_kind(spans):
+    chats = sorted((s for s in spans if s.kind == CLIENT), key=lambda s: s.attributes["tooltap.turn.id"])
+    tools = sorted((s for s in spans if s.kind == INTERNAL), key=lambda s: s.attributes["tooltap.turn.id"])
+    return chats, tools
+
+
+def test_live_export_of_a_cline_session(receiver, monkeypatch, make_tooltap, upstream):
+    monkeypatch.setenv("TOOLTAP_OTLP_ENDPOINT", traces_url(receiver.url))
+    monkeypatch.delenv("TOOLTAP_OTLP_CONTENT", raising=False)
+    tooltap = make_tooltap(upstream.url)  # its writer process starts with these settings
+    play_cline(tooltap, upstream)
+    session_id = tooltap.api("/sessions")["sessions"][0]["id"]
+    turns = tooltap.api(f"/sessions/{session_id}")["turns"]
+
+    spans = receiver.wait_for(7)
+    assert len(spans) == 7, [s.name for s in spans]
+    chats, tools = _by_kind(spans)
+    assert [s.name for s in chats] == ["chat deepseek-chat"] * 4
+    assert [s.name for s in tools] == ["execute_tool list_files", "execute_tool read_file",
+                                       "execute_tool get_forecast"]
+    # One trace for the session, named by its id; turns are roots, calls their children.
+    assert {s.trace_id for s in spans} == {f"{trace_id(session_id):032x}"}
+    assert all(s.parent_span_id == "" for s in chats)
+    chat_of_turn = {s.attributes["tooltap.turn.id"]: s for s in chats}
+    for tool in tools:
+        parent = chat_of_turn[tool.attributes["tooltap.turn.id"]]
+        assert tool.parent_span_id == parent.span_id
+        assert tool.start_ns == parent.end_ns  # from the model's answer...
+    for tool, next_chat in zip(tools, chats[1:]):  # ...to the agent's next request
+        assert tool.end_ns == next_chat.start_ns and tool.end_ns >= tool.start_ns
+
+    for n, chat in enumerate(chats):
+        a = chat.attributes
+        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "openai"
+        assert a["gen_ai.request.model"] == "deepseek-chat" and a["gen_ai.response.model"] == "deepseek-chat"
+        assert a["gen_ai.conversation.id"] == session_id and a["gen_ai.agent.name"] == "cline"
+        assert a["gen_ai.response.finish_reasons"] == (["tool_calls"] if n < 3 else ["stop"])
+        assert a["tooltap.turn.id"] == turns[n]["id"]
+        if n < 3:
+            usage = cline_turn(n + 1)["expected"]["usage"]
+            assert a["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+            assert a["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+            assert a["gen_ai.usage.cache_read.input_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
+            assert a["gen_ai.response.id"] == cline_turn(n + 1)["expected"]["id"]
+        assert a["gen_ai.response.time_to_first_chunk"] > 0
+        assert chat.status_code == 0 and chat.resource["service.name"] == "tooltap" and chat.scope == "tooltap"
+
+    mcp = tools[2].attributes
+    expected_call = cline_turn(3)["expected"]["choices"][0]["message"]["tool_calls"][0]
+    assert mcp["gen_ai.tool.name"] == "get_forecast" and mcp["gen_ai.tool.type"] == "extension"
+    assert mcp["tooltap.mcp.server"] == "weather" and mcp["mcp.method.name"] == "tools/call"
+    assert mcp["tooltap.tool.raw_name"] == "cIya4J0mcp0get_forecast"
+    assert mcp["gen_ai.tool.call.id"] == expected_call["id"]
+    assert mcp["tooltap.tool.result_status"] == "ok"  # the next request carried its result
+    assert (mcp["tooltap.task_progress.done"], mcp["tooltap.task_progress.total"]) == (2, 4)
+    assert tools[0].attributes["gen_ai.tool.type"] == "function"
+    # Content is opt-in: none of it left tooltap.
+    assert not [k for s in spans for k in s.attributes if k in CONTENT_KEYS]
+
+
+def test_serve_otlp_endpoint_reaches_the_writer_process(receiver, upstream, tmp_path):
+    """`tooltap serve --otlp-endpoint`, as a user runs it (a process of its own)."""
+    turns = [cline_turn(n) for n in (1, 2, 3)]
+    upstream.routes["/chat/completions"] = [Reply.sse(t["sse"]) for t in turns]
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--port", str(port),
+         "--db", str(tmp_path / "t.db"), "--otlp-endpoint", receiver.url],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{base}/_tooltap/api/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        for t in turns:
+            r = httpx.post(f"{base}/chat/completions", content=t["request"], timeout=10,
+                           headers={"content-type": "application/json"})
+            assert r.status_code == 200 and r.content == t["sse"]
+        spans = receiver.wait_for(3)
+        assert sorted(s.name for s in spans)[:3] == ["chat deepseek-chat"] * 3
+        assert {s.attributes["gen_ai.conversation.id"] for s in spans} == {
+            httpx.get(f"{base}/_tooltap/api/sessions").json()["sessions"][0]["id"]}
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert f"tooltap: spans of stored turns to {receiver.url}/v1/traces" in out
+
+
+def test_export_after_the_fact_with_and_without_content(receiver, tmp_path_factory):
+    db, session_id = recorded_cline_db(tmp_path_factory)
+    runner = CliRunner()
+    plain = runner.invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", receiver.url])
+    assert plain.exit_code == 0, plain.output
+    assert plain.output.strip() == f"sent 7 span(s) of 1 session(s) to {receiver.url}/v1/traces"
+    first = receiver.wait_for(7)
+    assert not [k for s in first for k in s.attributes if k in CONTENT_KEYS]
+
+    full = runner.invoke(main, ["otel", "export", session_id, "--db", str(db), "--otlp-endpoint",
+                                receiver.url + "/v1/traces", "--otlp-content"])
+    assert full.exit_code == 0, full.output
+    second = receiver.wait_for(14)[7:]
+    # The same session sent again: the same trace and span ids, parents and all.
+    assert sorted((s.trace_id, s.span_id, s.parent_span_id) for s in second) == \
+        sorted((s.trace_id, s.span_id, s.parent_span_id) for s in first)
+    chats, tools = _by_kind(second)
+    third = chats[2].attributes
+    inputs = json.loads(third["gen_ai.input.messages"])
+    # Cline's history: each call answered "result missing", the real result in the next user message.
+    assert [m["role"] for m in inputs] == ["user", "assistant", "tool", "user", "assistant", "tool", "user"]
+    call = inputs[1]["parts"][-1]
+    assert call["type"] == "tool_call" and call["name"] == "list_files"
+    assert inputs[2]["parts"] == [{"type": "tool_call_response", "id": call["id"], "response": "result missing"}]
+    assert json.loads(third["gen_ai.system_instructions"])[0]["content"].startswith("You are Cline")
+    output = json.loads(third["gen_ai.output.messages"])
+    assert output[0]["finish_reason"] == "tool_calls"
+    assert output[0]["parts"][-1] == {"type": "tool_call", "id": tools[2].attributes["gen_ai.tool.call.id"],
+                                      "name": "cIya4J0mcp0get_forecast",
+                                      "arguments": json.loads(tools[2].attributes["gen_ai.tool.call.arguments"])}
+    assert "get_forecast" in [t["name"].split("0mcp0")[-1] for t in json.loads(third["gen_ai.tool.definitions"])]
+    mcp = tools[2].attributes
+    assert json.loads(mcp["gen_ai.tool.call.arguments"])["latitude"] == 38.9072
+    assert mcp["gen_ai.tool.call.result"].lstrip().startswith("Today:")
+    assert "sk-cline-secret" not in json.dumps([s.attributes for s in second])
+
+
+@pytest.mark.parametrize("collector", ["refusing", "silent"])
+def test_collector_down_the_proxy_answers_and_stores(collector, monkeypatch, make_tooltap, upstream):
+    # "refusing": nothing listens. "silent": it takes connections and never answers, so
+    # an export waits for its whole timeout, made long here.
+    silent = socket.create_server(("127.0.0.1", 0), backlog=16)
+    port = silent.getsockname()[1] if collector == "silent" else free_port()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "30")
+    monkeypatch.setenv("TOOLTAP_OTLP_ENDPOINT", f"http://127.0.0.1:{port}/v1/traces")
+    tooltap = make_tooltap(upstream.url)
+    started = time.monotonic()
+    turns, got = play_cline(tooltap, upstream)  # every answer is 200 and byte-exact
+    played = time.monotonic() - started
+    assert got[:3] == [t["sse"] for t in turns[:3]]
+    session = tooltap.api("/sessions")["sessions"][0]
+    assert session["turns"] == 4 and session["tool_calls"] == 3
+    assert tooltap.api("/health")["status"] == "ok"
+    # Stopping does not wait for the exporter to give up (30 s).
+    time.sleep(1.5)  # a batch is on its way to the dead collector
+    stopping = time.monotonic()
+    tooltap.server.__exit__()
+    assert time.monotonic() - stopping < 10, "the writer waited on a dead collector"
+    assert played < 15
+    silent.close()
+
+
+def test_without_the_sdk_serve_and_export_say_what_to_install(monkeypatch, tmp_path):
+    for name in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    runner = CliRunner()
+    served = runner.invoke(main, ["serve", "--upstream", "http://127.0.0.1:9", "--db", str(tmp_path / "t.db"),
+                                  "--otlp-endpoint", "http://127.0.0.1:4318"])
+    assert served.exit_code == 2
+    assert served.output.strip().splitlines() == [
+        "Error: OpenTelemetry export needs the SDK and its OTLP exporter: pip install 'tooltap[otel]'"]
+    exported = runner.invoke(main, ["otel", "export", "--db", str(tmp_path / "t.db"),
+                                    "--otlp-endpoint", "http://127.0.0.1:4318"])
+    assert exported.exit_code == 2 and "pip install 'tooltap[otel]'" in exported.output
+
+
+def test_export_errors_are_one_line(tmp_path_factory, tmp_path):
+    db, _ = recorded_cline_db(tmp_path_factory)
+    runner = CliRunner()
+    dead = f"http://127.0.0.1:{free_port()}"
+    down = runner.invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", dead])
+    assert down.exit_code == 2 and len(down.output.strip().splitlines()) == 1
+    assert f"the collector at {dead}/v1/traces did not take the spans" in down.output
+    unknown = runner.invoke(main, ["otel", "export", "nope", "--db", str(db), "--otlp-endpoint", dead])
+    assert unknown.exit_code == 2 and "no session 'nope'" in unknown.output
+    no_db = runner.invoke(main, ["otel", "export", "--db", str(tmp_path / "none.db"), "--otlp-endpoint", dead])
+    assert no_db.exit_code == 2 and "no tooltap database" in no_db.output
+    no_endpoint = runner.invoke(main, ["otel", "export", "--db", str(db)], env={"OTEL_EXPORTER_OTLP_ENDPOINT": ""})
+    assert no_endpoint.exit_code == 2 and "--otlp-endpoint" in no_endpoint.output
+
+
+def test_token_counts_follow_the_conventions():
+    # Anthropic counts cache reads and writes apart from input_tokens; the conventions count them in.
+    assert usage_attributes("anthropic.messages", {
+        "input_tokens": 10, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5, "output_tokens": 7,
+    }) == {"gen_ai.usage.input_tokens": 115, "gen_ai.usage.output_tokens": 7,
+                "gen_ai.usage.cache_read.input_tokens": 100, "gen_ai.usage.cache_creation.input_tokens": 5,
+                "gen_ai.usage.reasoning.output_tokens": None}
+    # Gemini counts thoughts apart from candidates; output tokens include reasoning.
+    gemini = usage_attributes("gemini", {"promptTokenCount": 20, "candidatesTokenCount": 3, "thoughtsTokenCount": 9,
+                                         "cachedContentTokenCount": 4})
+    assert (gemini["gen_ai.usage.input_tokens"], gemini["gen_ai.usage.output_tokens"],
+            gemini["gen_ai.usage.reasoning.output_tokens"], gemini["gen_ai.usage.cache_read.input_tokens"]) == (20, 12, 9, 4)
+    assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
+    assert traces_url("http://collector:4318/v1/traces") == "http://collector:4318/v1/traces"

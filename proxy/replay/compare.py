@@ -146,7 +146,7 @@ def argument_mismatches(i: int, e: Call, a: Call, rules: Rules) -> list[Mismatch
             continue
         if mode == "superset" and want is ABSENT:  # the replay added an argument
             continue
-        out.append(Mismatch("argument", i, e.tool, f"call {i} {e.tool!r}: {path} {_describe(want, got)}",
+        out.append(Mismatch("argument", i, e.tool, f"call {i} {e.tool!r}: {path} {describe(want, got)}",
                             path, _shown(want), _shown(got)))
     return out
 
@@ -197,17 +197,34 @@ def _shown(value: Any) -> Any:
     return None if value is ABSENT else value
 
 
-def _describe(want: Any, got: Any) -> str:
+def describe(want: Any, got: Any, side: str = "replayed") -> str:
+    """One difference in words: `want` as recorded, `got` as `side` saw it (ABSENT: the
+    key is not there). Long strings are shown around where they first differ."""
     if got is ABSENT:
-        return f"is missing (recorded {_short(want)})"
+        return f"recorded {short(want)}, missing from the {side} one"
     if want is ABSENT:
-        return f"was added ({_short(got)}), not recorded"
-    return f"recorded {_short(want)}, replayed {_short(got)}"
+        return f"not recorded, the {side} one has {short(got)}"
+    if isinstance(want, str) and isinstance(got, str):
+        want_text, got_text = around_difference(want, got)
+        return f"recorded {want_text}, {side} {got_text}"
+    return f"recorded {short(want)}, {side} {short(got)}"
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 80 else text[:77] + "..."
+def around_difference(a: str, b: str, context: int = 30) -> tuple[str, str]:
+    """Two long strings shown around where they first differ."""
+    i = next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, i - context)
+
+    def cut(s: str) -> str:
+        piece = s[start:i + context]
+        return ("…" if start else "") + json.dumps(piece, ensure_ascii=False) + ("…" if i + context < len(s) else "")
+
+    return cut(a), cut(b)
+
+
+def short(value: Any, width: int = 80) -> str:
+    text = json.dumps(None if value is ABSENT else value, ensure_ascii=False)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def pass_hat_k(verdicts: list[list[bool]]) -> float | None:

@@ -25,10 +25,10 @@ import httpx
 
 from ..store import content
 from ..store.sessions import OTHER_PREFIX
-from .compare import ABSENT, Call, Rules, compare_calls, same_value, value_diff
+from .compare import ABSENT, Call, Rules, compare_calls, describe, same_value, short, value_diff
 from .recording import RecordedCall, RecordedTurn, Recording
 from .result import Difference, ReplayResult, TurnVerdict
-from .upstream import CassetteUpstream, Interaction, around_difference, decoded_chunks, short
+from .upstream import CassetteUpstream, Interaction, decoded_chunks
 
 MAX_PER_FIELD = 10  # differences listed per field of a turn; the rest are counted
 MAX_VALUE_CHARS = 2000  # a value kept whole in a Difference up to this size
@@ -286,23 +286,12 @@ def _call_dict(c: RecordedCall) -> dict:
 def _values(field: str, want: Any, got: Any) -> list[Difference]:
     """Where two JSON values differ, path by path, the first MAX_PER_FIELD of them."""
     found = value_diff("$", want, got)
-    out = [Difference(field, _words(a, b) if path == "$" else f"{path}: {_words(a, b)}", _kept(a), _kept(b),
+    out = [Difference(field, describe(a, b) if path == "$" else f"{path}: {describe(a, b)}", _kept(a), _kept(b),
                       path=None if path == "$" else path)
            for path, a, b in found[:MAX_PER_FIELD]]
     if len(found) > MAX_PER_FIELD:
         out.append(Difference(field, f"... and {len(found) - MAX_PER_FIELD} more differences in {field}"))
     return out
-
-
-def _words(want: Any, got: Any) -> str:
-    if got is ABSENT:
-        return f"missing from the replay (recorded {short(want)})"
-    if want is ABSENT:
-        return f"added by the replay ({short(got)}), not recorded"
-    if isinstance(want, str) and isinstance(got, str):
-        a, b = around_difference(want, got)
-        return f"recorded {a}, replayed {b}"
-    return f"recorded {short(want)}, replayed {short(got)}"
 
 
 def _kept(value: Any) -> Any:

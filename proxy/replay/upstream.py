@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlencode
 import orjson
 
 from ..secrets import SECRET_HEADERS
-from .compare import ABSENT, value_diff
+from .compare import ABSENT, describe, value_diff
 
 # Headers that described the recorded connection or encoding, not the content.
 _NOT_REPLAYED = frozenset({
@@ -270,7 +270,7 @@ class Miss:
         if not self.diff:
             lines.append("  its body is the same: the method or path differs")
         for path, recorded, received in self.diff[:limit]:
-            lines.append(f"  {path}: {describe(recorded, received)}")
+            lines.append(f"  {path}: {describe(recorded, received, side='received')}")
         if len(self.diff) > limit:
             lines.append(f"  ... and {len(self.diff) - limit} more differences")
         return "\n".join(lines)
@@ -279,34 +279,6 @@ class Miss:
         return {"type": "tooltap_cassette_miss", "message": self.explain(),
                 "closest": None if self.closest is None else {"index": self.closest, "request": self.closest_label},
                 "diff": [{"path": p, "recorded": _plain(a), "received": _plain(b)} for p, a, b in self.diff[:50]]}
-
-
-def describe(recorded: Any, received: Any) -> str:
-    if received is ABSENT:
-        return f"recorded {short(recorded)}, missing from this request"
-    if recorded is ABSENT:
-        return f"not recorded, this request has {short(received)}"
-    if isinstance(recorded, str) and isinstance(received, str):
-        a, b = around_difference(recorded, received)
-        return f"recorded {a}, received {b}"
-    return f"recorded {short(recorded)}, received {short(received)}"
-
-
-def around_difference(a: str, b: str, context: int = 30) -> tuple[str, str]:
-    """Two long strings shown around where they first differ."""
-    i = next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    start = max(0, i - context)
-
-    def cut(s: str) -> str:
-        piece = s[start:i + context]
-        return ("…" if start else "") + json.dumps(piece, ensure_ascii=False) + ("…" if i + context < len(s) else "")
-
-    return cut(a), cut(b)
-
-
-def short(value: Any, width: int = 80) -> str:
-    text = json.dumps(_plain(value), ensure_ascii=False)
-    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _plain(value: Any) -> Any:

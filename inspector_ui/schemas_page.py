@@ -26,6 +26,19 @@ def _mcp_label(name: str, description: str | None) -> str | None:
     return None if found is None else (f"{found[0]} › {found[1]}" if found[0] else found[1])
 
 
+def _default_pair(sets: list[dict]) -> tuple[str, str] | None:
+    """The newest change of tool set within one session (what a person comes to see),
+    if any session changed its tools."""
+    by_session: dict[str, list[dict]] = {}
+    for s in sets:  # oldest first
+        by_session.setdefault(s["session_id"], []).append(s)
+    changed = [found for found in by_session.values() if len(found) >= 2]
+    if not changed:
+        return None
+    newest = max(changed, key=lambda found: found[-1]["turn_id"])
+    return f"turn:{newest[-2]['turn_id']}", f"turn:{newest[-1]['turn_id']}"
+
+
 @router.get("/schemas")
 def schemas(request: Request, a: str = "", b: str = ""):
     from .pages import templates
@@ -37,7 +50,7 @@ def schemas(request: Request, a: str = "", b: str = ""):
                 "label": f"turn {s['turn_id']} · {s['model'] or '?'} · {s['tool_count']} tools · "
                          f"session {s['session_id']} · {s['seen_at']}"} for s in sets]
     if not a and len(choices) >= 2:
-        a, b = choices[-2]["value"], choices[-1]["value"]
+        a, b = _default_pair(sets) or (choices[-2]["value"], choices[-1]["value"])
     ctx = {"choices": choices, "a": a, "b": b, "errors": [], "diff": None}
     if a and b:
         left, err_a = _load(a, db_url)

@@ -28,6 +28,8 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
         schemas = httpx.get(f"{d.url}/_tooltap/schemas", params={"a": f"turn:{turns[0]['id']}",
                                                                  "b": f"turn:{turns[2]['id']}"}).text
         assert "weather › get_forecast" in schemas and "$.parameters.properties.days" in schemas
+        # With nothing chosen, the schemas page opens on that change.
+        assert "$.parameters.properties.days" in httpx.get(f"{d.url}/_tooltap/schemas").text
         assert by_model["gpt-4.1-mini"]["tool_calls"] == 2
         statuses = {t["model"]: t["status"] for t in httpx.get(d.url + "/_tooltap/api/turns").json()["turns"]}
         assert statuses["claude-sonnet-4-5"] == "upstream_error"

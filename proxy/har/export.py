@@ -19,7 +19,7 @@ from . import TOOLTAP_FIELD, HarError
 
 
 def session_har(reader: Reader, session_id: str) -> dict:
-    reader = _SharedBlobs(reader.engine)
+    reader = Reader(reader.engine, cache_blobs=True)  # every request repeats the messages before it
     session = reader.session(session_id)
     if session is None:
         raise HarError(f"no session {session_id!r} in this database")
@@ -141,15 +141,3 @@ def _version() -> str:
     except PackageNotFoundError:
         return "0"
 
-
-class _SharedBlobs(Reader):
-    """Each stored message read once per export: every request repeats the ones before."""
-
-    def __init__(self, engine) -> None:
-        super().__init__(engine)
-        self._blobs: dict[str, Any] = {}
-
-    def blob(self, db, h: str) -> Any:
-        if h not in self._blobs:
-            self._blobs[h] = super().blob(db, h)
-        return self._blobs[h]

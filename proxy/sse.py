@@ -20,6 +20,9 @@ class Event(NamedTuple):  # a tuple: cheap to build, one per event on every stre
     retry: int | None = None
 
 
+_new_event = tuple.__new__  # Event(...) by keyword costs several times more, once per event
+
+
 class SSEDecoder:
     def __init__(self) -> None:
         self._pending: list[bytes] = []  # the start of a line still arriving (no CR/LF in it)
@@ -49,6 +52,16 @@ class SSEDecoder:
         else:
             buf = chunk
         events: list[Event] = []
+        if b"\r" not in buf:  # LF-only, as nearly every server sends: split in one call
+            lines = buf.split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                event = self._line(line)
+                if event is not None:
+                    events.append(event)
+            if rest:
+                self._pending.append(rest)
+            return events
         start = 0
         n = len(buf)
         lf = cr = -2  # next LF / CR at or after start; -1: none left; -2: not searched yet
@@ -95,6 +108,10 @@ class SSEDecoder:
                 raw = raw[3:]
         if not raw:
             return self._dispatch()
+        if raw.startswith(b"data:"):  # the common line, without the general field parsing
+            value = raw[5:].decode("utf-8", errors="replace")
+            self._data.append(value[1:] if value[:1] == " " else value)
+            return None
         # Decoding per whole line keeps a UTF-8 character split across chunks intact.
         line = raw.decode("utf-8", errors="replace")
         if line[0] == ":":
@@ -119,12 +136,7 @@ class SSEDecoder:
         if not self._data:  # a block with no data line dispatches nothing
             self._event = ""
             return None
-        event = Event(
-            data="\n".join(self._data),
-            event=self._event or "message",
-            id=self._id,
-            retry=self._retry,
-        )
+        event = _new_event(Event, ("\n".join(self._data), self._event or "message", self._id, self._retry))
         self._data = []
         self._event = ""
         self._retry = None

@@ -34,6 +34,10 @@ class TurnInput:
     request: dict | None
     response: dict | None
     tool_calls: list[CallInput] = field(default_factory=list)
+    # What the views read from the request, worked out once per turn (view.py): a turn is
+    # decoded again as the parent and grandparent of the turns after it. Not part of the
+    # turn's value, and never carried over by dataclasses.replace.
+    memo: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 @dataclass

@@ -43,7 +43,7 @@ def region(parent_len: int, child: list[Message], ids: set[str]) -> list[Message
     start = None
     if ids:
         start = next((i for i, m in enumerate(child)
-                      if m.role == "assistant" and any(b.get("id") in ids for b in m.calls())), None)
+                      if m.role == "assistant" and not m.call_ids.isdisjoint(ids)), None)
     if start is None:
         if parent_len < len(child):
             start = parent_len

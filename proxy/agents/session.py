@@ -54,7 +54,7 @@ def decode_session(turns: list[TurnInput], known_uids: dict[str, str] | None = N
         if w.turn.parent_id is not None and w.turn.parent_id != w.turn.id:
             children.setdefault(w.turn.parent_id, w)
     for w in work:
-        w.agent = w.guard("agent", lambda w=w: registry.detect_agent(w.view)) or "generic"
+        w.agent = w.guard("agent", lambda w=w: _memo(w, "agent", lambda: registry.detect_agent(w.view))) or "generic"
         w.text_calls = w.guard("text_calls", lambda w=w: _text_calls(w)) or []
 
     for w in work:
@@ -166,19 +166,34 @@ def _validate(w: _Turn) -> None:
         w.calls[c.index]["violations"] = validate.validate_call(c.name, c.arguments, c.arguments_error, w.view.tools)
 
 
-def _structure(w: _Turn, child: _Turn | None) -> dict[str, Any]:
-    if w.agent != "cline":
-        return {}
+def _memo(w: _Turn, name: str, compute: Callable[[], Any]) -> Any:
+    """A result that depends on the turn alone, kept on it (TurnInput.memo): the writer
+    decodes each turn again as the parent and grandparent of the next ones."""
+    memo = w.turn.memo
+    if name not in memo:
+        memo[name] = compute()
+    return memo[name]
+
+
+def _own_structure(w: _Turn) -> dict[str, Any]:
     user = w.view.last_user
     texts = user.texts() if user else []
     first = w.view.first_user
-    child_user = child.view.last_user if child else None
     return {
         "task": cline_messages.task_text(first.texts()) if first else None,
         "environment": cline_messages.environment(texts),
         "tool_result_blocks": cline_messages.result_blocks(texts),
         "reminders": cline_messages.reminders(texts),
         "no_tool_error": cline_messages.no_tool_error(texts),
+    }
+
+
+def _structure(w: _Turn, child: _Turn | None) -> dict[str, Any]:
+    if w.agent != "cline":
+        return {}
+    child_user = child.view.last_user if child else None
+    return {
+        **_memo(w, "cline_structure", lambda: _own_structure(w)),
         # This turn's reply used no tool, as the next request tells the model.
         "answered_without_tool": bool(child_user and cline_messages.no_tool_error(child_user.texts())),
     }

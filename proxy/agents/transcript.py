@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -26,6 +27,12 @@ class Message:
 
     def calls(self) -> list[dict[str, Any]]:
         return [b for b in self.blocks if b["type"] == "tool_call"]
+
+    @cached_property
+    def call_ids(self) -> frozenset:
+        """The ids of its tool calls. Worked out once: a message is read again in every
+        later turn of its conversation (pairing looks for the message that made a call)."""
+        return frozenset(b.get("id") for b in self.blocks if b["type"] == "tool_call")
 
     def results(self) -> list[dict[str, Any]]:
         return [b for b in self.blocks if b["type"] == "tool_result"]

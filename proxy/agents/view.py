@@ -20,17 +20,24 @@ class TurnView:
     def api(self) -> str:
         return self.turn.api
 
+    def _memo(self, name: str, compute):
+        memo = self.turn.memo
+        if name not in memo:
+            memo[name] = compute()
+        return memo[name]
+
     @cached_property
     def messages(self) -> list[transcript.Message]:
-        return transcript.messages(self.turn.api, self.turn.request)
+        return self._memo("messages", lambda: transcript.messages(self.turn.api, self.turn.request))
 
     @cached_property
     def tools(self) -> dict[str, dict[str, Any]] | None:
-        return offered.offered_tools(self.turn.request)
+        return self._memo("tools", lambda: offered.offered_tools(self.turn.request))
 
     @cached_property
     def system_text(self) -> str:
-        return "\n".join(t for m in self.messages if m.role == "system" for t in m.texts())
+        return self._memo("system_text", lambda: "\n".join(
+            t for m in self.messages if m.role == "system" for t in m.texts()))
 
     @cached_property
     def last_user(self) -> transcript.Message | None:
@@ -48,4 +55,4 @@ class TurnView:
 
     @cached_property
     def response_text(self) -> str:
-        return transcript.response_text(self.turn.api, self.turn.response)
+        return self._memo("response_text", lambda: transcript.response_text(self.turn.api, self.turn.response))

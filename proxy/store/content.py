@@ -125,11 +125,13 @@ def content_hash(obj: Any) -> str:
     return digest(canonical(obj))
 
 
-def chain(message_hashes: list[str], root: str = "") -> list[str]:
+def chain(message_hashes: list[str], root: str = "", known: list[str] = ()) -> list[str]:
     """h_i = H(h_{i-1} + m_i), h_0 = root: hash i names the whole prefix up to message i
-    (in the conversation space `root` names)."""
-    out, prev = [], root
-    for m in message_hashes:
+    (in the conversation space `root` names). `known`: the first hashes, already worked
+    out for an earlier request with the same first messages."""
+    out = list(known)
+    prev = out[-1] if out else root
+    for m in message_hashes[len(out):]:
         prev = digest((prev + m).encode())
         out.append(prev)
     return out

@@ -13,10 +13,10 @@ import logging
 from collections import OrderedDict
 from typing import Any, Iterable
 
-from sqlalchemy import bindparam, select as sa_select
+from sqlalchemy import bindparam, func, select as sa_select, update
 from sqlmodel import Session as DB, select
 
-from ..agents import CallInput, TurnInput, decode_session
+from ..agents import CallInput, TurnInput, decode_session, transcript
 from . import content
 from .ingest import Ingested
 from .models import Blob, Session, ToolCallRow, Turn
@@ -44,36 +44,44 @@ class BlobCache:
         return value
 
 
-_FIRST_CHILD = (
-    sa_select(Turn.__table__.c.id).where(Turn.__table__.c.parent_id == bindparam("parent"))
-    .order_by(Turn.__table__.c.id).limit(1)
-)
+class Known:
+    """A turn as the decoders see it (`input`), with what its rows hold now: its
+    decoding and, per tool call index, (decoded, task_progress, result, violations)."""
+
+    __slots__ = ("input", "session_id", "decoding", "calls")
+
+    def __init__(self, input: TurnInput, session_id: str, decoding: Any, calls: dict[int, tuple]):
+        self.input, self.session_id, self.decoding, self.calls = input, session_id, decoding, calls
 
 
 class RecentTurns:
-    """The decoders' view of recently stored turns, by id: a new turn's parent and
-    grandparent are almost always here, so nothing is read back from the database."""
+    """Recently stored turns by id: a new turn's parent and grandparent are almost
+    always here, so nothing is read back from the database."""
 
     def __init__(self, size: int = 512):
         self.size = size
-        self._items: OrderedDict[int, TurnInput] = OrderedDict()
+        self._items: OrderedDict[int, Known] = OrderedDict()
 
-    def put(self, item: TurnInput) -> None:
-        self._items[item.id] = item
-        self._items.move_to_end(item.id)
+    def put(self, item: Known) -> None:
+        self._items[item.input.id] = item
+        self._items.move_to_end(item.input.id)
         if len(self._items) > self.size:
             self._items.popitem(last=False)
 
-    def get(self, turn_id: int) -> TurnInput | None:
+    def get(self, turn_id: int) -> Known | None:
         return self._items.get(turn_id)
 
 
-def turn_input(turn: Turn, request: Any, response: Any, calls: list[ToolCallRow]) -> TurnInput:
+def turn_input(turn, request: Any, response: Any, calls) -> TurnInput:
+    """`calls`: ToolCallRow objects or tool_calls rows as dicts."""
+    def field(c, name):
+        return c[name] if isinstance(c, dict) else getattr(c, name)
+
     return TurnInput(
         id=turn.id, parent_id=turn.parent_id, api=turn.api,
         request=request if isinstance(request, dict) else None, response=response,
-        tool_calls=[CallInput(c.index, c.call_id, c.name, c.arguments_raw, c.arguments, c.arguments_error)
-                    for c in calls],
+        tool_calls=[CallInput(field(c, "index"), field(c, "call_id"), field(c, "name"), field(c, "arguments_raw"),
+                              field(c, "arguments"), field(c, "arguments_error")) for c in calls],
     )
 
 
@@ -89,35 +97,133 @@ def decode_sessions(db: DB, session_ids: Iterable[str], cache: BlobCache) -> Non
             log.exception("decoding session %s failed", session_id)
 
 
+_T, _C, _S = Turn.__table__, ToolCallRow.__table__, Session.__table__
+_SESSION_STATE = sa_select(_S.c.id, _S.c.agent, _S.c.uids).where(_S.c.id.in_(bindparam("ids", expanding=True)))
+_FIRST_CHILDREN = (sa_select(_T.c.parent_id, func.min(_T.c.id))
+                   .where(_T.c.parent_id.in_(bindparam("ids", expanding=True))).group_by(_T.c.parent_id))
+_SET_TURN = update(_T).where(_T.c.id == bindparam("b_id")).values(decoding=bindparam("b_decoding"))
+_SET_CALL = (update(_C).where(_C.c.turn_id == bindparam("b_turn"), _C.c["index"] == bindparam("b_index"))
+             .values(decoded=bindparam("b_decoded"), task_progress=bindparam("b_task_progress"),
+                     result=bindparam("b_result"), violations=bindparam("b_violations")))
+_SET_SESSION = update(_S).where(_S.c.id == bindparam("b_id")).values(agent=bindparam("b_agent"),
+                                                                     uids=bindparam("b_uids"))
+_OUTPUTS = ("decoded", "task_progress", "result", "violations")
+
+
+class _Changes:
+    """What a batch's decoding changes, written at the end in three executemany statements."""
+
+    def __init__(self, sessions: dict[str, list]) -> None:
+        self.sessions = sessions  # id -> [agent, uids], as they will be stored
+        self.touched: set[str] = set()
+        self.turns: dict[int, Any] = {}
+        self.calls: dict[tuple[int, int], tuple] = {}
+
+    def write(self, conn) -> None:
+        if self.turns:
+            conn.execute(_SET_TURN, [{"b_id": k, "b_decoding": v} for k, v in self.turns.items()])
+        if self.calls:
+            conn.execute(_SET_CALL, [{"b_turn": t, "b_index": i, **{f"b_{n}": v for n, v in zip(_OUTPUTS, out)}}
+                                     for (t, i), out in self.calls.items()])
+        if self.touched:
+            conn.execute(_SET_SESSION, [{"b_id": sid, "b_agent": self.sessions[sid][0],
+                                         "b_uids": self.sessions[sid][1]} for sid in sorted(self.touched)])
+
+
 def decode_new_turns(db: DB, new: list[Ingested], recent: RecentTurns, cache: BlobCache) -> None:
     """Decode turns as they arrive, with just the context each needs: its parent gets
     its tool results from it, and the grandparent holds the checklist the parent's is
     compared with. Cost per turn stays flat however long the session grows. Uids
     resolved earlier in the session come from the session row; `tooltap redecode`
-    gives the whole-session answer."""
+    gives the whole-session answer. A turn that adopted children (it reached the
+    database after them) is decoded again with each of them."""
+    if not new:
+        return
+    conn = db.connection()
+    ids = sorted({item.turn.session_id for item in new})
+    changes = _Changes({sid: [agent, uids] for sid, agent, uids in conn.execute(_SESSION_STATE, {"ids": ids})})
+    # A new turn may have children already (it reached the database after them), and so
+    # may the turns it adopted: their first child is where their results are read.
+    parents = {item.turn.parent_id for item in new if item.turn.parent_id is not None}
+    parents |= {item.turn.id for item in new} | {child for item in new for child in item.adopted}
+    first = dict(conn.execute(_FIRST_CHILDREN, {"ids": sorted(parents)}).all()) if parents else {}
+    pending = {item.turn.id for item in new}  # new turns not decoded yet
     for item in new:
         turn = item.turn
+        pending.discard(turn.id)
         try:
-            mine = turn_input(turn, item.request, item.response, item.calls)
+            mine = Known(_new_input(item), turn.session_id, None,
+                         {c["index"]: (None, None, None, None) for c in item.calls})
             recent.put(mine)
-            parent = _earlier(db, turn.parent_id, recent, cache)
-            grandparent = _earlier(db, parent.parent_id, recent, cache) if parent else None
-            window = [t for t in (grandparent, parent, mine) if t is not None]
-            # Results come from a turn's first child only (a retry does not re-answer).
-            first_child = parent is not None and db.connection().execute(
-                _FIRST_CHILD, {"parent": parent.id}).scalar() == turn.id
-            turns, rows = [turn], {turn.id: item.calls}
-            if first_child:
-                turns.append(db.get(Turn, parent.id))
-                rows.update(_call_rows(db, [parent.id]))
-            session = db.get(Session, turn.session_id)
-            decoding = decode_session(window, session.uids if session else None)
-            _apply(db, turn.session_id, decoding, turns, rows, window, full=False)
+            _decode(db, mine, recent, cache, first, changes, pending)
+            for child_id in item.adopted:
+                child = _earlier(db, child_id, recent, cache)
+                if child is not None:
+                    child.input.parent_id = turn.id
+                    _decode(db, child, recent, cache, first, changes, pending)
         except Exception:
             log.exception("decoding turn %s failed", turn.id)
+    changes.write(conn)
 
 
-def _earlier(db: DB, turn_id: int | None, recent: RecentTurns, cache: BlobCache) -> TurnInput | None:
+def _new_input(item: Ingested) -> TurnInput:
+    """A new turn for the decoders. Its views are shared with the request parser's record
+    of it (requests.py), so a later request that extends this one starts from them: an
+    OpenAI chat transcript is one message per message, so only the new ones are read."""
+    turn = item.turn
+    mine = turn_input(turn, item.request, item.response, item.calls)
+    if item.prefix is None:
+        return mine
+    mine.memo = item.prefix.memo
+    mine.memo["api"] = turn.api
+    base = item.base.memo if item.base is not None and item.reused else {}
+    earlier = base.get("messages") if base.get("api") == turn.api else None
+    if earlier is not None and turn.api == "openai.chat":
+        new = transcript.messages(turn.api, {"messages": item.request["messages"][item.reused:]})
+        mine.memo["messages"] = earlier + new if new else earlier
+        if "system_text" in base and not any(m.role == "system" for m in new):
+            mine.memo["system_text"] = base["system_text"]  # the same system messages, the same objects
+    kept = item.base.values.get("tools") if item.base is not None else None
+    if kept is not None and "tools" in base and isinstance(item.request, dict) and item.request.get("tools") is kept[1]:
+        mine.memo["tools"] = base["tools"]  # offered_tools of the same tools object
+    return mine
+
+
+def _decode(db: DB, mine: Known, recent: RecentTurns, cache: BlobCache, first: dict[int, int],
+            changes: _Changes, pending: set[int]) -> None:
+    parent = _earlier(db, mine.input.parent_id, recent, cache)
+    grandparent = _earlier(db, parent.input.parent_id, recent, cache) if parent else None
+    # A child decoded later in this batch fills in this turn's results itself.
+    child_id = first.get(mine.input.id)
+    child = _earlier(db, child_id, recent, cache) if child_id is not None and child_id not in pending else None
+    window = [k.input for k in (grandparent, parent, mine, child) if k is not None]
+    # Results come from a turn's first child only (a retry does not re-answer).
+    targets = [mine] + ([parent] if parent is not None and first.get(parent.input.id) == mine.input.id else [])
+    state = changes.sessions.get(mine.session_id)
+    decoding = decode_session(window, state[1] if state else None)
+    for known in targets:
+        turn_id = known.input.id
+        out = decoding.turns.get(turn_id)
+        if out != known.decoding:
+            known.decoding = changes.turns[turn_id] = out
+        for index, stored in known.calls.items():
+            call = decoding.calls.get((turn_id, index))
+            if call is None:
+                continue
+            now = tuple(call.get(n) for n in _OUTPUTS)
+            if now != stored:
+                known.calls[index] = changes.calls[(turn_id, index)] = now
+    if state is None:
+        return
+    uids = {**(state[1] or {}), **decoding.uids}
+    agents = [(decoding.turns.get(t.id) or {}).get("agent") for t in window]
+    agent = next((a for a in agents if a and a != "generic"), state[0] or (agents[0] if agents else None))
+    if (state[1] or {}) != uids or state[0] != agent:
+        state[0], state[1] = agent, uids or None
+        changes.touched.add(mine.session_id)
+
+
+def _earlier(db: DB, turn_id: int | None, recent: RecentTurns, cache: BlobCache) -> Known | None:
     if turn_id is None:
         return None
     found = recent.get(turn_id)
@@ -125,7 +231,9 @@ def _earlier(db: DB, turn_id: int | None, recent: RecentTurns, cache: BlobCache)
         turn = db.get(Turn, turn_id)
         if turn is None:
             return None
-        found = _load(db, turn, _call_rows(db, [turn_id]).get(turn_id, []), cache)
+        rows = _call_rows(db, [turn_id]).get(turn_id, [])
+        found = Known(_load(db, turn, rows, cache), turn.session_id, turn.decoding,
+                      {c.index: (c.decoded, c.task_progress, c.result, c.violations) for c in rows})
         recent.put(found)
     return found
 

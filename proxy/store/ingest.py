@@ -1,11 +1,30 @@
-"""Turn a captured exchange (`TurnRecord`) into rows. Runs on the writer thread."""
+"""Turn captured exchanges (`TurnRecord`s) into rows, a batch at a time. Runs in the writer.
+
+`add()` does, per turn, the work that needs no database: parse the request, split it
+into blobs and a message chain, reassemble the response, read its tool calls. `write()`
+then stores a whole batch in a fixed number of statements, whatever its size: the new
+blobs and chain nodes (upserts that ignore what exists), the placement lookups
+(sessions.Placer), the turns (their ids returned), their tool calls, and one upsert per
+session that adds the batch's counts to it. Blob and chain hashes this process wrote
+are remembered, so an agent's resent history costs neither a statement nor a row.
+
+Several writers may share one database: every shared row has a unique key and is
+written by an upsert, and on Postgres the writers serialise per conversation (an
+advisory lock on its first message's hash, taken before placing). Locks are taken
+table by table in key order, so two writers never wait on each other in a cycle.
+SQLite serialises writers by itself (the writer begins with BEGIN IMMEDIATE).
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+from pydantic_core import PydanticUndefined
+from sqlalchemy import bindparam, case, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session as DB
 
@@ -14,60 +33,104 @@ from ..capture import TurnRecord, assemble, decompress
 from . import content
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
 from .readable import reply_text
-from .sessions import OTHER_PREFIX, OTHER_TITLE, chain_root, place, session_key
+from .requests import Parsed, Prefix, Requests
+from .sessions import OTHER_PREFIX, OTHER_TITLE, Placer, adoptable, chain_root, lock_key, session_key
 
 TITLE_MAX = 200
 KNOWN_MAX = 500_000  # blob and chain hashes remembered as written (~40 MB at most)
 JSON_MAX = 32 << 20  # a bigger body is stored raw, not parsed: it would cost its size many times over
+
+_TURNS, _CALLS, _SESSIONS = Turn.__table__, ToolCallRow.__table__, Session.__table__
+
+
+def _defaults(model, table) -> dict[str, Any]:
+    """Every column but the id, at the model's default: executemany wants rows alike."""
+    out = {}
+    for column in table.columns:
+        if column.primary_key and column.name == "id":
+            continue
+        f = model.model_fields.get(column.name)
+        default = None if f is None or f.default is PydanticUndefined else f.default
+        out[column.name] = default
+    return out
+
+
+_TURN_DEFAULTS = _defaults(Turn, _TURNS)
+_CALL_DEFAULTS = _defaults(ToolCallRow, _CALLS)
 
 
 def _header(headers: list[list[str]], name: str) -> str | None:
     return next((v for k, v in headers if k.lower() == name), None)
 
 
+class NewTurn(SimpleNamespace):
+    """A `turns` row being built, one attribute per column (`id` once written)."""
+
+
 @dataclass
 class Ingested:
-    """A stored turn with what the decoders need, still in memory: no need to read it back."""
+    """A turn on its way into the database, with what the decoders need: nothing is
+    read back."""
 
-    turn: Turn
+    turn: NewTurn
     request: dict | None
     response: Any
-    calls: list[ToolCallRow]
+    calls: list[dict]  # tool_calls rows (turn_id set once the turn is written)
+    chain: list[str] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)  # the chain's message hashes
+    hint: str | None = None  # the session the client named (X-Tooltap-Session)
+    title: str | None = None
+    new_session: bool = False
+    adopted: list[int] = field(default_factory=list)  # stored turns it became the parent of
+    prefix: Prefix | None = None  # this request, as later requests may reuse it (requests.py)
+    base: Prefix | None = None  # the earlier request whose first `reused` messages it shares
+    reused: int = 0
 
 
 class Ingestor:
     """Writes turns; remembers which blobs and chain nodes exist to skip re-inserting them."""
 
     def __init__(self, dialect: str):
+        self.dialect = dialect
         self._insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         self._known: set[str] = set()  # blob and chain hashes written by this process
+        self._blobs: dict[str, bytes] = {}  # new blobs of the batch being built
+        self._requests = Requests()  # recent requests: a resent history is not parsed again
+        # Built once: building a statement costs more than running it.
+        self._blob_stmt = self._insert(Blob.__table__).on_conflict_do_nothing(index_elements=["hash"])
+        self._node_stmt = self._insert(ChainNode.__table__).on_conflict_do_nothing(index_elements=["hash"])
+        # Rows come back matched by uid: asking for them in parameter order would make
+        # SQLAlchemy insert one row per statement on SQLite.
+        self._turn_stmt = self._insert(_TURNS).returning(_TURNS.c.id, _TURNS.c.uid)
+        self._call_stmt = self._insert(_CALLS)
+        self._parent_stmt = (update(_TURNS).where(_TURNS.c.id == bindparam("turn"))
+                             .values(parent_id=bindparam("parent")))
+        ins = self._insert(_SESSIONS)
+        t, new = _SESSIONS.c, ins.excluded
+        self._session_stmt = ins.on_conflict_do_update(index_elements=["id"], set_={
+            "turns": t.turns + new.turns, "tool_calls": t.tool_calls + new.tool_calls,
+            "input_tokens": t.input_tokens + new.input_tokens, "output_tokens": t.output_tokens + new.output_tokens,
+            "errors": t.errors + new.errors,
+            "started_at": case((new.started_at < t.started_at, new.started_at), else_=t.started_at),
+            "last_at": case((new.last_at > t.last_at, new.last_at), else_=t.last_at),
+            "title": func.coalesce(func.nullif(t.title, ""), new.title),
+        })
+        self._models_of = select(_SESSIONS.c.id, _SESSIONS.c.models).where(
+            _SESSIONS.c.id.in_(bindparam("ids", expanding=True)))
+        self._models_stmt = (update(_SESSIONS).where(_SESSIONS.c.id == bindparam("sid"))
+                             .values(models=bindparam("models")))
 
-    def _put_ignore(self, db: DB, model, rows: list[dict], key: str) -> None:
-        rows = [r for r in rows if r[key] not in self._known]
-        if rows:
-            # One statement shape for any number of rows (executemany): compiled once.
-            stmt = self._insert(model).on_conflict_do_nothing(index_elements=[key])
-            db.connection().execute(stmt, rows)
-            if len(self._known) > KNOWN_MAX:  # a cache, not a record: start over
-                self._known.clear()
-            self._known.update(r[key] for r in rows)
+    # -- per turn, no database ---------------------------------------------------------
 
-    def put_blobs(self, db: DB, values: list[Any]) -> list[str]:
-        hashes, rows = [], []
-        for value in values:
-            h = content.content_hash(value)
-            hashes.append(h)
-            if h not in self._known:
-                rows.append({"hash": h, "data": content.pack(value)})
-        self._put_ignore(db, Blob, list({r["hash"]: r for r in rows}.values()), "hash")
-        return hashes
-
-    def add(self, db: DB, rec: TurnRecord) -> "Ingested":
+    def add(self, db: DB | None, rec: TurnRecord) -> Ingested:
         api = apis.by_name(rec.api)
-        request, request_problem = content.parse_strict(rec.request_body)
+        parsed = self._requests.parse(rec.request_body, api.keys.messages if api and api.keys else None)
+        request, request_problem = parsed.value, parsed.problem
         response, response_note = self._response(rec, api)
-        turn = Turn(
-            session_id="", api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream,
+        turn = NewTurn(**_TURN_DEFAULTS)
+        turn.id = None
+        turn.__dict__.update(
+            api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream,
             http_status=rec.http_status, status=rec.status, stream=rec.stream,
             started_at=rec.started_at, ttft_ms=rec.ttft_ms, duration_ms=rec.duration_ms,
             request_size=len(rec.request_body), request_headers=rec.request_headers,
@@ -79,7 +142,9 @@ class Ingestor:
             timeline=content.pack(rec.timeline) if rec.timeline else None,
             error="; ".join(e for e in (rec.error, _request_note(rec, request_problem), response_note) if e) or None,
             stream_error=rec.stream_error,
-            uid=getattr(rec, "uid", None) or None,  # the journal's id: a turn is never stored twice
+            # The journal's id: a turn read again is never stored twice. A turn from
+            # elsewhere gets one too: the batch insert matches rows to turns by it.
+            uid=getattr(rec, "uid", None) or uuid.uuid4().hex,
         )
         if response is not None:
             turn.response = content.pack(response)
@@ -92,17 +157,15 @@ class Ingestor:
         if request is not None:
             turn.model = ((api.model(request, response) if api else None) or request.get("model")
                           or _model_in_path(rec.path))
-            hashes = self._split_request(db, turn, request, api)
-        chain = content.chain(hashes, chain_root(rec.api, rec.upstream))
+            hashes = self._split_request(turn, request, api, parsed)
+        root = chain_root(rec.api, rec.upstream)
+        base, prefix, known = parsed.base, parsed.prefix, ()
+        if base is not None and prefix is not None and base.root == root and base.lead == prefix.lead:
+            known = base.chain[:max(0, parsed.reused - prefix.lead)]
+        chain = content.chain(hashes, root, known)
+        if prefix is not None:
+            prefix.chain, prefix.root = chain, root
         turn.chain_hash = chain[-1] if chain else None
-        placement = place(db, chain, session_key(rec.session_hint))
-        turn.session_id, turn.parent_id = placement.session_id, placement.parent_id
-        if chain:
-            self._put_ignore(db, ChainNode, [
-                {"hash": h, "parent": chain[i - 1] if i else None, "message_hash": m,
-                 "depth": i + 1, "session_id": placement.session_id}
-                for i, (h, m) in enumerate(zip(chain, hashes))
-            ], "hash")
 
         calls: list[apis.ToolCall] = []
         if api is not None and isinstance(response, dict):
@@ -112,12 +175,13 @@ class Ingestor:
             except Exception as exc:  # a response we cannot read still stores
                 turn.error = "; ".join(filter(None, [turn.error, f"tool calls: {exc}"]))
         turn.tool_call_count = len(calls)
-        db.add(turn)
-        db.flush()  # the id, and visibility to the next turn's threading in this batch
-        rows = [_call_row(turn.id, call) for call in calls]
-        db.add_all(rows)
-        self._update_session(db, turn, request, placement.new_session)
-        return Ingested(turn, request if isinstance(request, dict) else None, response, rows)
+        hint = session_key(rec.session_hint)
+        title = first_user_text(request)
+        item = Ingested(turn, request, response, [_call_row(call) for call in calls], chain, hashes, hint, title)
+        if parsed.prefix is not None and request is not None:
+            item.prefix, item.base, item.reused = parsed.prefix, parsed.base, parsed.reused
+            self._requests.keep(parsed)
+        return item
 
     def _response(self, rec: TurnRecord, api) -> tuple[Any, str | None]:
         """The response as JSON: assembled from the stream, or the body parsed."""
@@ -141,55 +205,173 @@ class Ingestor:
             return None, f"response body: {problem} (kept raw)"
         return parsed, None
 
-    def _split_request(self, db: DB, turn: Turn, request: dict, api) -> list[str]:
+    def _split_request(self, turn: NewTurn, request: dict, api, parsed: Parsed) -> list[str]:
         """Move messages, tools and system prompt into blobs; keep the rest as the skeleton.
         Returns the hashes of the conversation's messages (the system prompt apart: a
-        changed system prompt is the same conversation)."""
+        changed system prompt is the same conversation). Messages taken from an earlier
+        request (requests.py) keep the hashes worked out for it."""
         keys = api.keys if api else None
         messages = request.get(keys.messages) if keys else None
         if not isinstance(messages, list):
             turn.request_skeleton = request
             return []
+        base, reused = parsed.base, parsed.reused
         skeleton = dict(request)
         skeleton[keys.messages] = None
+        lead = 0
         if keys.system:
             system = request.get(keys.system)
         else:  # OpenAI Chat: the system prompt is the leading system/developer messages
             lead = next((i for i, m in enumerate(messages) if not _is_system(m)), len(messages))
-            system, messages = (messages[:lead] or None), messages[lead:]
+            system = messages[:lead] or None
         if system is not None:
-            turn.system_hash = self.put_blobs(db, [system])[0]
             if keys.system:
+                turn.system_hash = self._blob(system, _hash_kept(parsed, keys.system, system))
                 skeleton[keys.system] = None
+            else:
+                known = base.system_hash if base is not None and base.lead == lead <= reused else None
+                turn.system_hash = self._blob(system, known)
         tools = request.get(keys.tools) if keys.tools else None
         if isinstance(tools, list):
-            turn.tools_hash = self.put_blobs(db, [tools])[0]
+            turn.tools_hash = self._blob(tools, _hash_kept(parsed, keys.tools, tools))
             skeleton[keys.tools] = None
         turn.request_skeleton = skeleton
-        turn.message_count = len(messages)
-        return self.put_blobs(db, messages)
+        turn.message_count = len(messages) - lead
+        earlier = base.hashes if base is not None else ()
+        hashes = [self._blob(m, earlier[i] if i < reused else None) for i, m in enumerate(messages) if i >= lead]
+        if parsed.prefix is not None:
+            parsed.prefix.hashes = [None] * lead + hashes
+            parsed.prefix.lead, parsed.prefix.system_hash = lead, turn.system_hash if lead else None
+        return hashes
 
-    def _update_session(self, db: DB, turn: Turn, request: dict | None, new: bool) -> None:
-        session = None if new else db.get(Session, turn.session_id)
-        if session is None:
-            title = OTHER_TITLE if turn.session_id.startswith(OTHER_PREFIX) else first_user_text(request)
-            session = Session(id=turn.session_id, started_at=turn.started_at, last_at=turn.started_at,
-                              title=title, models=[])
-        session.last_at = max(session.last_at, turn.started_at)
-        session.turns += 1
-        session.tool_calls += turn.tool_call_count
-        session.errors += turn.status != "ok"
-        usage = turn.usage if isinstance(turn.usage, dict) else {}
-        session.input_tokens += _int(usage, "prompt_tokens", "input_tokens", "promptTokenCount")
-        session.output_tokens += _int(usage, "completion_tokens", "output_tokens", "candidatesTokenCount")
-        if turn.model and turn.model not in session.models:
-            session.models = [*session.models, turn.model]
-        if not session.title:
-            session.title = first_user_text(request)
-        db.add(session)
+    def _blob(self, value: Any, known_hash: str | None = None) -> str:
+        """The hash of `value` (given, when an earlier request worked it out); the value
+        waits for `write()` unless known to be stored."""
+        h = known_hash or content.content_hash(value)
+        if h not in self._known and h not in self._blobs:
+            self._blobs[h] = content.pack(value)
+        return h
+
+    # -- the batch, in one transaction ---------------------------------------------------
+
+    def write(self, db: DB, items: list[Ingested]) -> None:
+        """Store the turns `add()` prepared, in their order; sets each turn's id, session
+        and parent."""
+        conn = db.connection()
+        if self.dialect == "postgresql":
+            keys = sorted({lock_key(it.chain) for it in items if it.chain})
+            if keys:  # writers holding turns of the same conversations wait for each other
+                conn.execute(text("SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"),
+                             {"keys": keys})
+        blobs, self._blobs = self._blobs, {}
+        if blobs:
+            conn.execute(self._blob_stmt, [{"hash": h, "data": blobs[h]} for h in sorted(blobs)])
+            self._remember(blobs)
+
+        placer = Placer(conn, self.dialect)
+        placements = placer.place_all([(it.chain, it.hint) for it in items])
+        nodes: dict[str, dict] = {}
+        for it, placement in zip(items, placements):
+            it.turn.session_id, it.turn.parent_id = placement.session_id, placement.parent_id
+            it.new_session = placement.new_session
+            for i, h in enumerate(it.chain):
+                if h not in self._known and h not in placer.nodes and h not in nodes:
+                    nodes[h] = {"hash": h, "parent": it.chain[i - 1] if i else None,
+                                "message_hash": it.hashes[i], "depth": i + 1, "session_id": placement.session_id}
+        if nodes:
+            conn.execute(self._node_stmt, [nodes[h] for h in sorted(nodes)])
+            self._remember(nodes)
+
+        ids = dict((uid, turn_id) for turn_id, uid in conn.execute(self._turn_stmt, [_turn_row(it.turn) for it in items]))
+        for it in items:
+            it.turn.id = ids[it.turn.uid]
+        later = []  # parents stored in this same batch
+        for it, placement in zip(items, placements):
+            if placement.parent_index is not None:
+                it.turn.parent_id = items[placement.parent_index].turn.id
+                later.append({"turn": it.turn.id, "parent": it.turn.parent_id})
+        if later:
+            conn.execute(self._parent_stmt, later)
+        adopted = []
+        for it, placement in zip(items, placements):
+            if placement.adopt:
+                it.adopted = adoptable(conn, it.chain[-1], placement.session_id, len(it.chain))
+                adopted += [{"turn": child, "parent": it.turn.id} for child in it.adopted]
+        if adopted:
+            conn.execute(self._parent_stmt, adopted)
+
+        for it in items:
+            for row in it.calls:
+                row["turn_id"] = it.turn.id
+        calls = [row for it in items for row in it.calls]
+        if calls:
+            conn.execute(self._call_stmt, calls)
+        self._update_sessions(conn, items)
+
+    def _remember(self, hashes) -> None:
+        if len(self._known) > KNOWN_MAX:  # a cache, not a record: start over
+            self._known.clear()
+        self._known.update(hashes)
+
+    def _update_sessions(self, conn, items: list[Ingested]) -> None:
+        """Add the batch's turns to their sessions' counts: one upsert per session."""
+        rows: dict[str, dict] = {}
+        for it in items:
+            t = it.turn
+            row = rows.get(t.session_id)
+            if row is None:
+                row = rows[t.session_id] = {
+                    "id": t.session_id, "title": None, "agent": None, "started_at": t.started_at,
+                    "last_at": t.started_at, "turns": 0, "tool_calls": 0, "input_tokens": 0,
+                    "output_tokens": 0, "errors": 0, "models": [], "uids": None}
+            row["started_at"] = min(row["started_at"], t.started_at)
+            row["last_at"] = max(row["last_at"], t.started_at)
+            row["turns"] += 1
+            row["tool_calls"] += t.tool_call_count
+            row["errors"] += t.status != "ok"
+            usage = t.usage if isinstance(t.usage, dict) else {}
+            row["input_tokens"] += _int(usage, "prompt_tokens", "input_tokens", "promptTokenCount")
+            row["output_tokens"] += _int(usage, "completion_tokens", "output_tokens", "candidatesTokenCount")
+            if t.model and t.model not in row["models"]:
+                row["models"].append(t.model)
+            if not row["title"]:
+                row["title"] = OTHER_TITLE if t.session_id.startswith(OTHER_PREFIX) else it.title
+        ordered = [rows[k] for k in sorted(rows)]  # rows locked in key order: no deadlock between writers
+        conn.execute(self._session_stmt, ordered)
+        wanted = {k: r["models"] for k, r in rows.items() if r["models"]}
+        if not wanted:
+            return
+        stored = conn.execute(self._models_of, {"ids": sorted(wanted)})
+        changes = []
+        for sid, models in stored:
+            models = models or []
+            merged = models + [m for m in wanted[sid] if m not in models]
+            if merged != models:
+                changes.append({"sid": sid, "models": merged})
+        if changes:
+            conn.execute(self._models_stmt, changes)
 
 
-def _call_row(turn_id: int, call: apis.ToolCall) -> ToolCallRow:
+def _hash_kept(parsed: Parsed, key: str, value: Any) -> str | None:
+    """The hash of a large request value the request parser took, as the very same
+    object, from the request this one extends (requests.py); None: work it out. Either
+    way it is remembered for the next request."""
+    base, prefix = parsed.base, parsed.prefix
+    kept = base.values.get(key) if base is not None else None
+    known = base.hashes_of.get(key) if kept is not None and kept[1] is value else None
+    if prefix is not None and key in prefix.values:
+        prefix.hashes_of[key] = known or content.content_hash(value)
+        return prefix.hashes_of[key]
+    return known
+
+
+def _turn_row(turn: NewTurn) -> dict:
+    row = dict(turn.__dict__)
+    del row["id"]
+    return row
+
+
+def _call_row(call: apis.ToolCall) -> dict:
     """A tool call as any database holds it: arguments a model wrote with NaN or half a
     surrogate pair count as not parsed (their text stays in arguments_raw)."""
     arguments, error = call.arguments, call.arguments_error
@@ -197,10 +379,9 @@ def _call_row(turn_id: int, call: apis.ToolCall) -> ToolCallRow:
     if problem:
         arguments, error = None, problem
     safe = content.text_safe
-    return ToolCallRow(
-        turn_id=turn_id, index=call.index, call_id=call.id and safe(call.id), name=safe(call.name),
-        arguments_raw=safe(call.arguments_raw), arguments=arguments, arguments_error=error, choice=call.choice,
-    )
+    return {**_CALL_DEFAULTS, "index": call.index, "call_id": call.id and safe(call.id), "name": safe(call.name),
+            "arguments_raw": safe(call.arguments_raw), "arguments": arguments, "arguments_error": error,
+            "choice": call.choice}
 
 
 def _request_note(rec: TurnRecord, problem: str | None) -> str | None:

@@ -642,7 +642,7 @@ class JournalReader:
                 rest = os.pread(self._file.fileno(), n + _CRC.size, offset + _LEN.size)
                 if len(rest) == n + _CRC.size and zlib.crc32(memoryview(rest)[:n]) == _CRC.unpack_from(rest, n)[0]:
                     self._pos = (number, offset + n + _OVERHEAD)
-                    return rest[:n]
+                    return memoryview(rest)[:n]  # no copy: decode_payload copies out the parts
             # The end of the data, or a frame still being written, or one torn by a crash.
             later = [k for k in segments(self.slot) if k > number]
             if not later and not self._sealed_all:

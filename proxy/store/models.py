@@ -28,7 +28,7 @@ class Blob(SQLModel, table=True):
 class ChainNode(SQLModel, table=True):
     __tablename__ = "chain_nodes"
     hash: str = Field(primary_key=True, max_length=32)
-    parent: str | None = Field(default=None, max_length=32)
+    parent: str | None = Field(default=None, max_length=32, index=True)  # walked down (sessions.ADOPTABLE)
     message_hash: str = Field(max_length=32)
     depth: int
     session_id: str = Field(index=True, max_length=64)
@@ -126,6 +126,7 @@ class ReplayRun(SQLModel, table=True):
     differing: int | None = None
     pass_hat_k: float | None = None
     report: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # zlib of compact JSON
+
 
 # -- the MCP tap (proxy/mcp/): agent <-> MCP server traffic ------------------------------
 

@@ -15,6 +15,7 @@ live events of stored turns.
 
 `WriterProcess` has the interface of `writer.Writer`, which runs inside the child.
 Settings (environment): TOOLTAP_FSYNC_MS (200), TOOLTAP_WRITER_MEMORY_MB (64),
+TOOLTAP_WRITER_NICE (10: how much lower the writer's priority is than the proxy's),
 TOOLTAP_JOURNAL (the journal's folder; default beside the spool),
 TOOLTAP_JOURNAL_SEGMENT_MB (8; two segments are reserved on disk ahead of need).
 """
@@ -200,8 +201,9 @@ class WriterProcess:
                 if tuple(confirmed) > self._confirmed:
                     self._confirmed = tuple(confirmed)
                     self.journal.forget_before(confirmed[0])
-            elif kind == "event" and self.live is not None:
-                self.live.publish_threadsafe(payload)
+            elif kind == "events" and self.live is not None:
+                for event in payload:
+                    self.live.publish_threadsafe(event)
             elif kind == "flushed":
                 n, *counts = payload
                 self._note(*counts)
@@ -235,7 +237,11 @@ class _Events:
         self.outbox = outbox
 
     def publish_threadsafe(self, event: dict) -> None:
-        self.outbox.put(("event", event))
+        self.outbox.put(("events", [event]))
+
+    def publish_all(self, events: list[dict]) -> None:
+        if events:
+            self.outbox.put(("events", events))
 
 
 def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_bytes: int,
@@ -248,13 +254,14 @@ def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     try:
-        os.nice(NICENESS)
+        os.nice(int(_env_number("TOOLTAP_WRITER_NICE", NICENESS)))
     except OSError:
         pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     lock_writer(slot)  # held until this process exits
     reader = JournalReader(slot)
-    writer = Writer(db_url, spool_path, busy_timeout=busy_timeout, live=_Events(outbox), durable=True)
+    writer = Writer(db_url, spool_path, busy_timeout=busy_timeout, live=_Events(outbox), durable=True,
+                    own_process=True)
 
     def counts():
         return writer.written, writer.spooled, writer.spool.count

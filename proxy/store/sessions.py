@@ -4,35 +4,47 @@ Agents resend their whole history each turn, so turn N+1's message list starts w
 N's. Each message list is a path of chain hashes (content.chain); the longest prefix
 already known names the session, and the deepest earlier turn whose whole message list
 is a strict prefix of this one is its parent. A retry or an edited history shares a
-shorter prefix: it lands in the same session as a new branch (a second child of some
+prefix with the original, so it lands in the same session as a branch (a second child of some
 turn). The system prompt is not part of the chain: two tasks that share one stay apart,
 and a task whose system prompt changes (new MCP servers, new rules) stays one session.
 The chain starts from the wire API and the upstream: an Anthropic and an OpenAI
 conversation that open with the same words are two sessions, not one.
+
+Several writers may share the database (tooltap instances behind one address), and
+consecutive turns of a conversation may reach different ones and be stored in any
+order. So the answer must not depend on that order: a new session's id derives from its
+conversation's first message (two writers that start it name it the same), and a turn
+stored after a later turn of its conversation says so (`Placement.adopt`): the writer
+then makes it the parent of the turns below it that were threaded to a shallower one.
+
+`Placer` places a whole batch with two lookups (the chain nodes and the turns at the
+last few depths of every chain), turns earlier in the batch included; only a chain
+whose last PROBE hashes are all unknown needs a lookup of its own.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, select
-from sqlmodel import Session as DB
+from sqlalchemy import text
 
 from .content import digest
-from .models import ChainNode, Turn
-
 
 OTHER_PREFIX = "other-"
 OTHER_TITLE = "Requests without a conversation"
+PROBE = 16  # chain depths looked up per turn in the batch's one query (Cline adds 2-3 per turn)
 
 
 @dataclass
 class Placement:
     session_id: str
-    parent_id: int | None
-    new_session: bool
+    parent_id: int | None = None  # a stored turn
+    parent_index: int | None = None  # or the turn at this index earlier in the same batch
+    parent_depth: int = 0  # the parent's message count (0: no parent)
+    new_session: bool = False
+    adopt: bool = False  # its whole chain was known: later turns may be waiting for it
 
 
 def session_key(hint: str | None) -> str | None:
@@ -51,32 +63,158 @@ def chain_root(api: str, upstream: str) -> str:
     return digest(f"{api}\n{upstream}".encode("utf-8", "surrogateescape"))
 
 
-# Built once: these run for every turn, and building a query costs more than running it.
-_nodes, _turns = ChainNode.__table__.c, Turn.__table__.c
-_SESSION_OF_LONGEST_PREFIX = (
-    select(_nodes.session_id).where(_nodes.hash.in_(bindparam("chain", expanding=True)))
-    .order_by(_nodes.depth.desc()).limit(1)
-)
-_PARENT = (
-    select(_turns.id)
-    .where(_turns.session_id == bindparam("session"), _turns.chain_hash.in_(bindparam("prefixes", expanding=True)))
-    .order_by(_turns.message_count.desc(), _turns.id.desc()).limit(1)
+def new_session_id(chain: list[str]) -> str:
+    """The id of a session its conversation's first message starts: the same on every
+    writer that sees it first."""
+    return digest(f"session\n{chain[0]}".encode())[:16]
+
+
+def lock_key(chain: list[str]) -> int:
+    """A conversation's key for Postgres advisory locks (63 bits, positive)."""
+    return int(chain[0][:15], 16)
+
+
+def other_session() -> str:
+    # No conversation (a model list, a health check, an embedding): one session per day
+    # gathers them rather than one session each.
+    return OTHER_PREFIX + time.strftime("%Y-%m-%d", time.gmtime())
+
+
+class Placer:
+    """Places the turns of one batch, inside the transaction that stores them."""
+
+    def __init__(self, conn, dialect: str):
+        self.conn = conn
+        self.postgres = dialect == "postgresql"
+        cond = "= ANY(:hashes)" if self.postgres else "IN (SELECT value FROM json_each(:hashes))"
+        self._nodes_sql = text(f"SELECT hash, session_id, depth FROM chain_nodes WHERE hash {cond}")
+        self._turns_sql = text(f"SELECT id, session_id, chain_hash, message_count FROM turns WHERE chain_hash {cond}")
+
+    def _list(self, hashes) -> object:
+        if self.postgres:
+            return list(hashes)
+        return "[" + ",".join(f'"{h}"' for h in hashes) + "]"  # hex digests: nothing to escape
+
+    def _nodes(self, hashes) -> dict[str, tuple[str, int]]:
+        if not hashes:
+            return {}
+        rows = self.conn.execute(self._nodes_sql, {"hashes": self._list(hashes)})
+        return {h: (s, d) for h, s, d in rows}
+
+    def _turns(self, hashes) -> dict[str, list[tuple[int, str]]]:
+        found: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        if hashes:
+            for turn_id, session_id, chain_hash, _count in self.conn.execute(
+                    self._turns_sql, {"hashes": self._list(hashes)}):
+                found[chain_hash].append((turn_id, session_id))
+        return found
+
+    def place_all(self, requests: list[tuple[list[str], str | None]]) -> list[Placement]:
+        """(chain, session hint) per turn, in arrival order -> where each goes."""
+        probe_nodes: set[str] = set()
+        probe_turns: set[str] = set()
+        for chain, hint in requests:
+            if chain:
+                probe_nodes.update(chain[-PROBE:] if hint is None else chain[-1:])
+                probe_turns.update(chain[-PROBE - 1:-1])
+        self.nodes = self._nodes(probe_nodes)  # stored before this batch
+        self.turns = self._turns(probe_turns)
+        self.local_nodes: dict[str, str] = {}  # first stored by this batch: hash -> session
+        self.local_turns: dict[str, list[tuple[int, str]]] = defaultdict(list)  # chain hash -> (index, session)
+        self.seen: set[str] = set()  # every chain hash of the batch so far
+        out: list[Placement] = []
+        for i, (chain, hint) in enumerate(requests):
+            if not chain:
+                out.append(Placement(hint or other_session()))
+                continue
+            if hint is None:
+                session_id, depth = self._deepest(chain)
+                placement = Placement(session_id or new_session_id(chain), new_session=session_id is None)
+            else:
+                placement = Placement(hint)
+            placement.adopt = chain[-1] in self.nodes
+            if not placement.new_session:
+                self._parent(chain, placement)
+            if chain[-1] in self.seen:
+                self._adopt_in_batch(i, chain, placement, requests, out)
+            for h in chain:
+                if h not in self.nodes:
+                    self.local_nodes.setdefault(h, placement.session_id)
+            self.seen.update(chain)
+            self.local_turns[chain[-1]].append((i, placement.session_id))
+            out.append(placement)
+        return out
+
+    def _deepest(self, chain: list[str]) -> tuple[str | None, int]:
+        """The session of the longest known prefix of `chain`, and its depth."""
+        for j in range(len(chain) - 1, max(-1, len(chain) - 1 - PROBE), -1):
+            h = chain[j]
+            if h in self.nodes:
+                return self.nodes[h][0], j + 1
+            if h in self.local_nodes:
+                return self.local_nodes[h], j + 1
+        rest = chain[:-PROBE]
+        if not rest:
+            return None, 0
+        stored = self._nodes(rest)  # rare: a conversation first seen many messages deep
+        for j in range(len(rest) - 1, -1, -1):
+            h = rest[j]
+            if h in stored:
+                return stored[h][0], j + 1
+            if h in self.local_nodes:
+                return self.local_nodes[h], j + 1
+        return None, 0
+
+    def _parent(self, chain: list[str], placement: Placement) -> None:
+        """The deepest turn of the session whose whole chain is a strict prefix of this
+        one (the newest, when a retry made several)."""
+        prefixes = chain[:-1]
+        window = range(len(prefixes) - 1, max(-1, len(prefixes) - 1 - PROBE), -1)
+        if self._parent_among(prefixes, window, self.turns, placement):
+            return
+        rest = prefixes[:-PROBE]
+        if rest:
+            self._parent_among(prefixes, range(len(rest) - 1, -1, -1), self._turns(rest), placement)
+
+    def _parent_among(self, prefixes: list[str], depths, stored, placement: Placement) -> bool:
+        session = placement.session_id
+        for j in depths:
+            h = prefixes[j]
+            local = [i for i, s in self.local_turns.get(h, ()) if s == session]
+            if local:  # stored after anything already in the database: the newest
+                placement.parent_index, placement.parent_depth = local[-1], j + 1
+                return True
+            ids = [t for t, s in stored.get(h, ()) if s == session]
+            if ids:
+                placement.parent_id, placement.parent_depth = max(ids), j + 1
+                return True
+        return False
+
+    def _adopt_in_batch(self, i: int, chain: list[str], placement: Placement,
+                        requests: list[tuple[list[str], str | None]], placed: list[Placement]) -> None:
+        """A turn earlier in this batch that extends this one's chain and was threaded to
+        a shallower parent is this one's child (its turns reached the writers out of order)."""
+        depth, last = len(chain), chain[-1]
+        for j, other in enumerate(placed):
+            longer = requests[j][0]
+            if (len(longer) > depth and longer[depth - 1] == last and other.session_id == placement.session_id
+                    and other.parent_depth < depth):
+                other.parent_id, other.parent_index, other.parent_depth = None, i, depth
+
+
+# The turns below a late turn's chain node, down to the first turn on each branch.
+ADOPTABLE = text(
+    "WITH RECURSIVE below(hash) AS ("
+    " SELECT hash FROM chain_nodes WHERE parent = :h"
+    " UNION SELECT c.hash FROM chain_nodes c JOIN below b ON c.parent = b.hash"
+    "  WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.chain_hash = b.hash AND t.session_id = :s))"
+    " SELECT t.id, p.message_count FROM below b JOIN turns t ON t.chain_hash = b.hash AND t.session_id = :s"
+    " LEFT JOIN turns p ON p.id = t.parent_id"
 )
 
 
-def place(db: DB, chain: list[str], hint: str | None) -> Placement:
-    """The session and parent turn of a request whose messages hash to `chain`."""
-    session_id = hint
-    if session_id is None and not chain:
-        # No conversation (a model list, a health check, an embedding): one session per
-        # day gathers them rather than one session each.
-        return Placement(OTHER_PREFIX + time.strftime("%Y-%m-%d", time.gmtime()), None, False)
-    conn = db.connection()
-    if session_id is None:
-        session_id = conn.execute(_SESSION_OF_LONGEST_PREFIX, {"chain": chain}).scalar()
-    if session_id is None:
-        return Placement(uuid.uuid4().hex[:16], None, True)
-    parent_id = None
-    if len(chain) > 1:
-        parent_id = conn.execute(_PARENT, {"session": session_id, "prefixes": chain[:-1]}).scalar()
-    return Placement(session_id, parent_id, False)
+def adoptable(conn, chain_hash: str, session_id: str, depth: int) -> list[int]:
+    """Stored turns of the session that extend the chain ending at `chain_hash` (of
+    `depth` messages) and were threaded to a shallower parent, or to none."""
+    rows = conn.execute(ADOPTABLE, {"h": chain_hash, "s": session_id})
+    return [turn_id for turn_id, parent_depth in rows if parent_depth is None or parent_depth < depth]

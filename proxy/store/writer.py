@@ -14,6 +14,7 @@ journal or spool read again after a crash stores nothing twice.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import queue
 import threading
@@ -38,6 +39,7 @@ BATCH_SECONDS = 0.2
 BATCH_MAX = 200
 SPOOL_BATCH_BYTES = 16 << 20  # a spool replay reads this much at a time
 RETRY_SECONDS = 2.0
+FULL_GC_SECONDS = 300.0
 # The database is unavailable for now (locked, unreachable, disk full, timed out): wait
 # and retry. Anything else is a problem with one turn's data.
 UNAVAILABLE = (OperationalError, InterfaceError, OSError)
@@ -46,9 +48,11 @@ _STOP = object()
 
 class Writer:
     def __init__(self, db_url: str, spool_path: str, *, busy_timeout: float = 2.0,
-                 live: LiveHub | None = None, durable: bool = False):
+                 live: LiveHub | None = None, durable: bool = False, own_process: bool = False):
         self.db_url = db_url
         self.engine = make_engine(db_url, busy_timeout=busy_timeout)
+        if self.engine.dialect.name == "sqlite":
+            _begin_immediate(self.engine)
         if durable and self.engine.dialect.name == "sqlite":
             # The journal forgets a turn once it is committed: the commit must survive a
             # power loss too (Postgres commits are durable already).
@@ -60,6 +64,8 @@ class Writer:
         self.spooled = 0
         self.duplicates = 0  # turns skipped because their id was already stored
         self.rate = Rate()
+        self.own_process = own_process  # alone in its process: it may tune the garbage collector
+        self._full_gc_at = time.monotonic() + FULL_GC_SECONDS
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ingestor = Ingestor(self.engine.dialect.name)
@@ -198,9 +204,14 @@ class Writer:
         self.duplicates += len(records) - stored
         self.rate.note(self.written)
         self._release(records)
+        if self.own_process:
+            self._settle_memory()
         if self.live is not None:
-            for event in events:
-                self.live.publish_threadsafe(event)
+            if hasattr(self.live, "publish_all"):  # the writer process's pipe: one message per batch
+                self.live.publish_all(events)
+            else:
+                for event in events:
+                    self.live.publish_threadsafe(event)
         if self.on_stored is not None:
             self.on_stored(events)
         return []
@@ -208,10 +219,11 @@ class Writer:
     def _commit(self, records: list[TurnRecord]) -> tuple[list[dict], int]:
         """One transaction for the batch; returns the live events to announce it and how
         many turns were new."""
-        with DB(self.engine, autoflush=False) as db:  # ingest flushes where it must
+        with DB(self.engine, autoflush=False) as db:
             records = self._unseen(db, records)
             stored = [self._ingestor.add(db, r) for r in records]
-            db.flush()
+            if stored:
+                self._ingestor.write(db, stored)
             decode_new_turns(db, stored, self._recent, self._blobs)
             events = [{"type": "turn_stored", "turn_id": s.turn.id, "session_id": s.turn.session_id,
                        "live_id": r.live_id} for s, r in zip(stored, records)]
@@ -237,6 +249,18 @@ class Writer:
         if len(fresh) < len(records):
             log.info("skipped %d turn(s) already stored (read again after a restart)", len(records) - len(fresh))
         return fresh
+
+    def _settle_memory(self) -> None:
+        """What a batch leaves alive (the recent requests and turns the next batches start
+        from) is put out of the garbage collector's sight: otherwise every collection
+        walks all of it again, a fifth of the writer's time. Those objects are still freed
+        when nothing refers to them; a full collection now and then takes back any cycle
+        that was frozen with them."""
+        if time.monotonic() >= self._full_gc_at:
+            gc.unfreeze()
+            gc.collect()
+            self._full_gc_at = time.monotonic() + FULL_GC_SECONDS
+        gc.freeze()
 
     def _forget(self) -> None:
         """After a rollback: what the caches say was written may not have been."""
@@ -327,3 +351,17 @@ def _sync_every_commit(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA synchronous=FULL")
     cur.close()
+
+
+def _begin_immediate(engine) -> None:
+    """Take SQLite's write lock when the transaction begins, not at its first write: a
+    batch places its turns by what it reads, and another process (a second tooltap on
+    the same file, `serve --workers`) must not commit between that read and the write."""
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # the driver's own BEGIN would be deferred
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")

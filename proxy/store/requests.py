@@ -1,0 +1,199 @@
+"""Parse a request body that extends a recent one: only what is new.
+
+An agent resends its whole history on every turn, so nearly all of a request's bytes
+are the previous request's: a 50-turn Cline task sends 9 MB of JSON to add 300 KB of
+messages. `Requests.parse` compares the body's text with the requests it parsed
+recently; when one of them, from its first character to the end of its last message,
+starts this one too, that request's message objects (the very same objects) and their
+hashes are taken as they are, and only the rest of the text is parsed, by the same
+scanner json.loads uses. The value is exactly what `content.parse_strict` returns (a
+body this path does not understand goes to it whole), and the decoders, handed the
+same message objects, can reuse their work too.
+
+Memory: the prefixes kept are bounded by `budget` characters (plus the parsed
+messages, shared with the turns in the writer's caches).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from . import content
+
+BUDGET = 24 << 20  # characters of request text remembered (~1 byte each for ASCII)
+PROBE = 256  # characters at the end of a remembered prefix compared first
+BIG = 1024  # a value after the messages this long is remembered as text and object (tools)
+
+_WS = re.compile(r"[ \t\n\r]*")
+_SCAN = json.JSONDecoder(parse_float=content._finite, parse_constant=content._no_constant).scan_once
+
+
+class _Fallback(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Prefix:
+    """A request parsed recently: its text up to the end of its last message."""
+
+    text: str
+    start: int  # where its messages array opens ('[')
+    messages: list  # the parsed messages
+    hashes: list[str | None] = field(default_factory=list)  # per message (None: not hashed alone)
+    lead: int = 0  # leading messages hashed together as the system prompt (OpenAI chat)
+    system_hash: str | None = None
+    root: str = ""  # where its message chain starts (sessions.chain_root)
+    chain: list[str] = field(default_factory=list)  # the chain hashes of messages[lead:]
+    memo: dict = field(default_factory=dict)  # the decoders' views of its messages (agents/base.py)
+    values: dict[str, tuple[str, Any]] = field(default_factory=dict)  # large values after the messages
+    hashes_of: dict[str, str] = field(default_factory=dict)  # content hashes of those values
+
+
+@dataclass
+class Parsed:
+    value: Any
+    problem: str | None = None
+    reused: int = 0  # leading messages taken from `base`
+    base: Prefix | None = None
+    prefix: Prefix | None = None  # this request, for the ones after it (fill in hashes)
+
+
+class Requests:
+    """The recently parsed requests of one writer."""
+
+    def __init__(self, budget: int = BUDGET):
+        self.budget = budget
+        self._kept: OrderedDict[int, Prefix] = OrderedDict()
+        self._chars = 0
+
+    def parse(self, body: bytes, messages_key: str | None) -> Parsed:
+        if messages_key is None or not body.startswith(b"{"):
+            return Parsed(*content.parse_strict(body))
+        try:
+            text = body.decode("utf-8")
+            return self._parse(text, messages_key)
+        except (_Fallback, ValueError, StopIteration, RecursionError, IndexError, UnicodeDecodeError):
+            return Parsed(*content.parse_strict(body))
+
+    def _parse(self, text: str, key: str) -> Parsed:
+        obj: dict[str, Any] = {}
+        parsed = Parsed(obj)
+        i = _WS.match(text, 1).end()
+        if text[i] == "}":
+            raise _Fallback
+        while True:
+            if text[i] != '"':
+                raise _Fallback
+            name, i = _SCAN(text, i)
+            if name in obj:  # a repeated key: json.loads keeps the last; let it
+                raise _Fallback
+            i = _WS.match(text, i).end()
+            if text[i] != ":":
+                raise _Fallback
+            i = _WS.match(text, i + 1).end()
+            if name == key and text[i] == "[":
+                obj[name], i = self._messages(text, i, parsed)
+            else:
+                start = i
+                obj[name], i = self._same(text, i, name, parsed) or _SCAN(text, i)
+                if i - start >= BIG and parsed.prefix is not None and isinstance(obj[name], (dict, list, str)):
+                    parsed.prefix.values[name] = (text[start:i], obj[name])  # the tools, most often
+            i = _WS.match(text, i).end()
+            c = text[i]
+            i += 1
+            if c == "}":
+                break
+            if c != ",":
+                raise _Fallback
+            i = _WS.match(text, i).end()
+        if _WS.match(text, i).end() != len(text):
+            raise _Fallback
+        self._check(obj, key, parsed)
+        return parsed
+
+    def _messages(self, text: str, i: int, parsed: Parsed) -> tuple[list, int]:
+        base = self._base(text, i)
+        if base is not None:
+            messages, end = list(base.messages), len(base.text)
+            parsed.base, parsed.reused = base, len(messages)
+            j = _WS.match(text, end).end()
+            more = text[j] == ","
+            if not more and text[j] != "]":
+                raise _Fallback
+            if more:
+                j = _WS.match(text, j + 1).end()
+        else:
+            messages, end = [], 0
+            j = _WS.match(text, i + 1).end()
+            more = text[j] != "]"
+        if more:  # a value must follow '[' or ','
+            while True:
+                value, j = _SCAN(text, j)
+                messages.append(value)
+                end = j
+                j = _WS.match(text, j).end()
+                c = text[j]
+                j += 1
+                if c == "]":
+                    break
+                if c != ",":
+                    raise _Fallback
+                j = _WS.match(text, j).end()
+        else:
+            j += 1
+        if messages and isinstance(messages[-1], (dict, list, str)):  # ends on } ] or ": cannot run on
+            parsed.prefix = Prefix(text[:end], i, messages)
+        return messages, j
+
+    @staticmethod
+    def _same(text: str, i: int, name: str, parsed: Parsed) -> tuple[Any, int] | None:
+        # (An object, array or string ends where its text ends: the same text is the same value.)
+        """A large value after the messages, as the request this one extends had it: the
+        same object (the same text, up to its closing bracket)."""
+        kept = parsed.base.values.get(name) if parsed.base is not None else None
+        if kept is None or not text.startswith(kept[0], i):
+            return None
+        return kept[1], i + len(kept[0])
+
+    def _base(self, text: str, start: int) -> Prefix | None:
+        """The newest remembered request whose text this one starts with."""
+        for p in reversed(self._kept.values()):
+            n = len(p.text)
+            if (p.start == start and len(text) > n and text.startswith(p.text[-PROBE:], max(0, n - PROBE))
+                    and text.startswith(p.text)):
+                return p
+        return None
+
+    def _check(self, obj: dict, key: str, parsed: Parsed) -> None:
+        """What parse_strict checks after json.loads, on the parts parsed here (the reused
+        messages passed it in their own request): nesting, lone surrogates, NaN."""
+        new = {k: (v[parsed.reused:] if k == key else v) for k, v in obj.items()}
+        try:
+            orjson.dumps(new)  # nested as in the request; fails for what `unstorable` looks for
+        except TypeError:
+            problem = content.unstorable(obj)
+            if problem:
+                parsed.value, parsed.problem, parsed.prefix = None, problem, None
+
+    def keep(self, parsed: Parsed) -> None:
+        """Remember a request once its hashes are filled in; it replaces the request it extended."""
+        p = parsed.prefix
+        if p is None:
+            return
+        if parsed.base is not None and self._kept.pop(id(parsed.base), None) is not None:
+            self._chars -= len(parsed.base.text)
+        self._kept[id(p)] = p
+        self._chars += len(p.text)
+        while self._chars > self.budget and self._kept:
+            _, old = self._kept.popitem(last=False)
+            self._chars -= len(old.text)
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._chars = 0

@@ -1,0 +1,210 @@
+"""The batched writer: what makes it fast, and that fast stores exactly what slow did.
+
+Not timed (timings belong to bench/writer.py): a batch costs a fixed number of
+statements however many turns it holds; a batch, turns one at a time, and turns that
+arrive out of order all store the same sessions, parents and decodings; a request parsed
+from an earlier one (store/requests.py) is the value json.loads gives.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from sqlalchemy import event, text
+from sqlmodel import Session as DB
+
+from proxy.capture import TurnRecord
+from proxy.store import content
+from proxy.store.db import make_engine, migrate
+from proxy.store.decoding import BlobCache, RecentTurns, decode_new_turns, decode_sessions
+from proxy.store.ingest import Ingestor
+from proxy.store.requests import Requests
+from tests.conftest import cline_turn, postgres_url
+from tests.test_proxy_e2e import FINAL_SSE
+
+TURNS = [cline_turn(n) for n in (1, 2, 3, 4)]
+
+
+def cline_session(k: int) -> list[TurnRecord]:
+    """The cline-weather session with its own task text: its own messages and chain."""
+    out = []
+    for n, t in enumerate(TURNS):
+        body = t["request"].replace(b"<task>\\n", f"<task>\\nsession {k} ".encode(), 1)
+        raw = t.get("sse", FINAL_SSE)
+        out.append(TurnRecord(
+            started_at=1_700_000_000 + 100 * k + n, method="POST", path="/chat/completions",
+            upstream="http://up", request_headers=[["content-type", "application/json"]], request_body=body,
+            api="openai.chat", http_status=200, stream=True, raw=raw, raw_size=len(raw),
+            response_headers=[["content-type", "text/event-stream"]]))
+    return out
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request, tmp_path):
+    """A function that gives a fresh, migrated engine each call."""
+    made = []
+
+    def fresh():
+        if request.param == "sqlite":
+            engine = make_engine(f"sqlite:///{tmp_path / f'w{len(made)}.db'}")
+        else:  # a schema of its own in the test database, for each engine
+            url = postgres_url()
+            if url is None:
+                pytest.skip("no Postgres here: set TOOLTAP_TEST_POSTGRES (.ci/run does)")
+            schema = f"writer_speed_{len(made)}"
+            with make_engine(url).begin() as conn:
+                conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+            engine = make_engine(url)
+            event.listen(engine, "connect", lambda dbapi_conn, _: _search_path(dbapi_conn, schema))
+        migrate(engine)
+        made.append(engine)
+        return engine
+
+    yield fresh
+    for engine in made:
+        engine.dispose()
+
+
+def _search_path(dbapi_conn, schema: str) -> None:
+    with dbapi_conn.cursor() as cur:
+        cur.execute(f"SET search_path TO {schema}")
+    dbapi_conn.commit()
+
+
+class Store:
+    """The writer's commit (store/writer.py) over one engine, counting statements."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.ingestor = Ingestor(engine.dialect.name)
+        self.recent, self.blobs = RecentTurns(), BlobCache()
+        self.statements = 0
+        event.listen(engine, "before_cursor_execute", self._count)
+
+    def _count(self, *args) -> None:
+        self.statements += 1  # an executemany is one
+
+    def batch(self, records: list[TurnRecord]) -> int:
+        """Store one batch; returns the statements it took."""
+        before = self.statements
+        with DB(self.engine, autoflush=False) as db:
+            items = [self.ingestor.add(db, r) for r in records]
+            self.ingestor.write(db, items)
+            decode_new_turns(db, items, self.recent, self.blobs)
+            db.commit()
+        return self.statements - before
+
+
+def snapshot(engine) -> dict:
+    """Everything threading and decoding decided, with turns named by their request."""
+    with engine.connect() as c:
+        turns = c.execute(text("SELECT id, session_id, parent_id, chain_hash, decoding, tool_call_count "
+                               "FROM turns ORDER BY id")).all()
+        name = {t.id: t.chain_hash for t in turns}
+        calls = c.execute(text('SELECT turn_id, "index", name, decoded, task_progress, result, violations '
+                               'FROM tool_calls')).all()
+        sessions = c.execute(text("SELECT id, title, agent, turns, tool_calls, input_tokens, output_tokens, "
+                                  "errors, models, uids, started_at, last_at FROM sessions")).all()
+    load = lambda v: json.loads(v) if isinstance(v, str) else v  # SQLite gives JSON as text
+    return {
+        "turns": sorted((t.chain_hash, t.session_id, name.get(t.parent_id), load(t.decoding), t.tool_call_count)
+                        for t in turns),
+        "calls": sorted((name[c.turn_id], c.index, c.name, json.dumps([load(c.decoded), load(c.task_progress),
+                                                                       load(c.result), load(c.violations)],
+                                                                      sort_keys=True)) for c in calls),
+        "sessions": sorted((s.id, s.title, s.agent, s.turns, s.tool_calls, s.input_tokens, s.output_tokens,
+                            s.errors, json.dumps(load(s.models)), json.dumps(load(s.uids), sort_keys=True),
+                            s.started_at, s.last_at) for s in sessions),
+    }
+
+
+def interleaved(sessions: list[list[TurnRecord]]) -> list[TurnRecord]:
+    """Agents at work together: turn 1 of each, then turn 2 of each..."""
+    return [s[n] for n in range(len(TURNS)) for s in sessions]
+
+
+def test_a_batch_costs_the_same_statements_whatever_its_size(database):
+    store = Store(database())
+    small = store.batch(interleaved([cline_session(k) for k in range(3)]))  # 12 turns
+    large = store.batch(interleaved([cline_session(k) for k in range(3, 9)]))  # 24 turns
+    assert small == large, (small, large)
+    one_by_one = sum(store.batch([r]) for r in cline_session(9))
+    assert one_by_one >= 4 * small * 0.5  # a turn alone pays most of a batch's statements
+    with store.engine.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM turns")).scalar() == 40
+        assert c.execute(text("SELECT count(*) FROM sessions")).scalar() == 10
+
+
+def test_one_batch_and_one_turn_at_a_time_store_the_same(database):
+    records = interleaved([cline_session(k) for k in range(4)])
+    batched, single = Store(database()), Store(database())
+    batched.batch(records)
+    for r in interleaved([cline_session(k) for k in range(4)]):
+        single.batch([r])
+    a, b = snapshot(batched.engine), snapshot(single.engine)
+    assert a == b
+    assert len(a["sessions"]) == 4 and all(s[3] == 4 for s in a["sessions"])
+    # Each session threads 1 <- 2 <- 3 <- 4, and its calls carry the results the next turn brought.
+    parents = [p for _, _, p, _, _ in a["turns"]]
+    assert parents.count(None) == 4
+    assert any('"status"' in c[3] for c in a["calls"])
+
+
+def test_the_live_decoding_is_the_whole_session_decoding(database):
+    store = Store(database())
+    store.batch(interleaved([cline_session(k) for k in range(2)]))
+    live = snapshot(store.engine)
+    with DB(store.engine) as db:
+        db.execute(text("UPDATE tool_calls SET decoded = NULL, task_progress = NULL, result = NULL, violations = NULL"))
+        db.execute(text("UPDATE turns SET decoding = NULL"))
+        ids = [s[0] for s in live["sessions"]]
+        decode_sessions(db, ids, BlobCache())
+        db.commit()
+    assert snapshot(store.engine) == live
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_turns_that_arrive_out_of_order_thread_as_in_order(database, seed):
+    """Consecutive turns of a conversation may reach different tooltap instances and be
+    stored in any order: a late turn adopts the later turns of its conversation."""
+    in_order = Store(database())
+    for r in interleaved([cline_session(k) for k in range(3)]):
+        in_order.batch([r])
+    shuffled = Store(database())
+    records = interleaved([cline_session(k) for k in range(3)])
+    random.Random(seed).shuffle(records)
+    while records:  # batches of 1-3 turns, in the shuffled order
+        n = random.Random(seed + len(records)).randint(1, 3)
+        shuffled.batch(records[:n])
+        records = records[n:]
+    assert snapshot(shuffled.engine) == snapshot(in_order.engine)
+
+
+def test_a_request_that_extends_an_earlier_one_parses_to_the_same_value():
+    requests = Requests()
+    reused, before = [], []
+    for k in range(2):
+        previous = 0
+        for t in cline_session(k):
+            parsed = requests.parse(t.request_body, "messages")
+            assert (parsed.value, parsed.problem) == content.parse_strict(t.request_body)
+            reused.append(parsed.reused)
+            before.append(previous)
+            previous = len(parsed.value["messages"])
+            requests.keep(parsed)
+    assert reused == before and sum(reused) > 0  # each turn reads only the messages it added
+    odd = [b'{"messages": [1,]}', b'{"messages": [{"a": 1}], "x": NaN}', b'{"a": 1, "a": 2, "messages": []}',
+           b'{"messages": [{"a": "\\ud800"}]}', b'{"messages": [{"a": 1e999}]}', b'{"messages":[{"a":1}]} x',
+           b'{"messages": [{"n": 123456789012345678901234567890}]}', b'{ "messages" : [ {"a":1} , 2 ] } ',
+           b'{"messages": [' + b"[" * 300 + b"]" * 300 + b"]}", b"{}", b'{"messages": "text"}', b"[1]"]
+    for body in odd:
+        parsed = requests.parse(body, "messages")
+        assert (parsed.value, parsed.problem) == content.parse_strict(body), body
+    # An extension that changes an earlier message shares nothing, and is still right.
+    first = cline_session(5)[2].request_body
+    edited = first.replace(b"session 5", b"session 6", 1)
+    requests.keep(requests.parse(first, "messages"))
+    parsed = requests.parse(edited, "messages")
+    assert parsed.reused == 0 and parsed.value == json.loads(edited)

@@ -104,18 +104,22 @@ def test_a_full_disk_holds_turns_in_memory_until_space_returns(tmp_path, upstrea
     assert s.health()["writer"]["held_in_memory"] == held
     assert s.stop() in (0, -15)
     lock.release()
-    assert f"LOST {held} answered turn(s)" in s.log()
+    # The journal's last try at the stop may find room (space a segment gave back); else
+    # the held turns are counted as lost, out loud.
+    log = s.log()
+    lost = held if f"LOST {held} answered turn(s)" in log else 0
+    assert lost or log.count("the held turns are on disk") == 2, log  # once per full episode
     assert stored(db)[0] == 13
 
     # A restart on the still-full disk: what reached the journal before the stop is
     # stored, new turns are served and kept, and nothing is stored twice.
     again = serve(db, env=env, args=args)
-    again.wait_stored(13 + 8 - held)
+    again.wait_stored(13 + 8 - lost)
     for n in range(100, 103):
         assert again.post(n, content=TURN).status_code == 200
     (small_disk / "filler").unlink()
-    again.wait_stored(13 + 8 - held + 3)
+    again.wait_stored(13 + 8 - lost + 3)
     rows, numbers = stored(db)
-    assert rows == len(set(numbers)) == 13 + 8 - held + 3
+    assert rows == len(set(numbers)) == 13 + 8 - lost + 3
     assert set(range(13)) | {100, 101, 102} <= set(numbers) <= set(range(21)) | {100, 101, 102}
     again.stop()

@@ -109,6 +109,7 @@ def test_an_older_database_gets_the_readable_reply_on_upgrade(cline, tmp_path):
         for view in ("turns_v", "tool_calls_v", "sessions_v"):
             conn.execute(f"drop view {view}")
         conn.execute("alter table turns drop column response_text")
+        conn.execute("drop index if exists ix_chain_nodes_parent")  # added by 0006, after 0005
         conn.execute("update alembic_version set version_num = '0004'")
     open_database(f"sqlite:///{copy}").dispose()
     texts = sqlite3.connect(copy).execute("select response_text from turns_v order by id").fetchall()

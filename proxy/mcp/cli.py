@@ -52,7 +52,8 @@ def mcp(name, db_url, spool_dir, command) -> None:
     recorder.start()
     code = relay.wait()
     recorder.ended(conn, code, relay.stderr_text())
-    recorder.close(timeout=3.0)
+    # Long enough for a first run's migrations on a busy machine; past it the rest is spooled.
+    recorder.close(timeout=10.0)
     exit_like(code)
 
 

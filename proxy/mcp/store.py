@@ -40,7 +40,7 @@ log = logging.getLogger("tooltap.mcp")
 BATCH_SECONDS = 0.1
 BATCH_MAX = 500
 RETRY_SECONDS = 2.0
-NAME_WAIT_SECONDS = 5.0  # how long a connection's messages wait for `initialize` to name it
+NAME_WAIT_SECONDS = 30.0  # how long a connection's messages wait for `initialize` to name it (npx servers, a busy machine: starts can be slow)
 NAME_WAIT_MAX = 1000
 # The database cannot be used for now: spool and retry. (ProgrammingError: a table
 # missing because another process is migrating.)

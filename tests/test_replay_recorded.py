@@ -146,10 +146,13 @@ def test_speed_follows_the_recorded_timing(tooltap, upstream):
 
     took = {}
     for speed in (0, 1, 4):
-        t0 = time.perf_counter()
-        result = replay_recorded(recording, speed=speed)
-        took[speed] = time.perf_counter() - t0
-        assert result.ok, render_text(result)
+        runs = []
+        for _ in range(2):  # the faster of two: a stall of the machine is not the replay's
+            t0 = time.perf_counter()
+            result = replay_recorded(recording, speed=speed)
+            runs.append(time.perf_counter() - t0)
+            assert result.ok, render_text(result)
+        took[speed] = min(runs)
     # What a replay costs besides waiting is the same at every speed (give or take a
     # busy machine); the rest is the recorded gaps divided by the speed.
     assert recorded_s * 0.75 <= took[1] - took[0] <= recorded_s + 1.5, took

@@ -122,10 +122,19 @@ class Conn:
 
 
 def check(n_bytes: int, tail: bytes, expect_bytes: int | None) -> None:
-    if expect_bytes is not None and n_bytes != expect_bytes:
+    """expect_bytes 0: any length (a gateway that rewrites the stream), still ending in [DONE]."""
+    if expect_bytes and n_bytes != expect_bytes:
         raise BadResponse(f"body of {n_bytes} bytes, expected {expect_bytes}")
     if expect_bytes is not None and not tail.endswith(b"data: [DONE]\n\n"):
         raise BadResponse(f"body does not end with [DONE]: {tail!r}")
+
+
+def path_of(spec: dict, name: str) -> str:
+    return spec.get("paths", {}).get(name, spec["path"])
+
+
+def expect_of(spec: dict, name: str) -> int | None:
+    return spec.get("expects", {}).get(name, spec.get("expect_bytes"))
 
 
 async def sequential(spec: dict) -> dict:
@@ -133,12 +142,12 @@ async def sequential(spec: dict) -> dict:
     names = list(spec["targets"])
     conns = {n: await Conn("127.0.0.1", spec["targets"][n]).open() for n in names}
     out = {n: {"ttfb": [], "total": []} for n in names}
-    path, expect = spec["path"], spec.get("expect_bytes")
     for i in range(spec["warmup"] + spec["requests"]):
         order = names if i % 2 == 0 else names[::-1]
         for n in order:
-            ttfb, total, nb, tail = await asyncio.wait_for(conns[n].request(path), spec.get("timeout", 30))
-            check(nb, tail, expect)
+            ttfb, total, nb, tail = await asyncio.wait_for(conns[n].request(path_of(spec, n)),
+                                                           spec.get("timeout", 30))
+            check(nb, tail, expect_of(spec, n))
             if i >= spec["warmup"]:
                 out[n]["ttfb"].append(ttfb)
                 out[n]["total"].append(total)
@@ -150,12 +159,12 @@ async def sequential(spec: dict) -> dict:
 async def load(spec: dict) -> dict:
     """`concurrency` workers for `seconds` per round per target; rounds alternate targets."""
     names = list(spec["targets"])
-    path, expect = spec["path"], spec.get("expect_bytes")
     conc, secs = spec["concurrency"], spec["round_seconds"]
     out = {n: {"ttfb": [], "total": [], "requests": 0, "bytes": 0, "elapsed": 0.0, "errors": 0,
                "all_requests": 0} for n in names}
 
     async def worker(conn: Conn, deadline: float, res: dict, name: str) -> None:
+        path, expect = path_of(spec, name), expect_of(spec, name)
         while time.perf_counter() < deadline:
             try:
                 ttfb, total, nb, tail = await asyncio.wait_for(conn.request(path), spec.get("timeout", 30))

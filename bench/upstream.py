@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 CREATED = 1_700_000_000
 MODEL = "bench-model"
+DEFAULT = {"n": 200, "size": 150}  # the stream a request without ?n=&size= gets
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
@@ -102,7 +103,7 @@ async def app(scope, receive, send):
             await send({"type": "http.response.body", "body": unit, "more_body": True})
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         return
-    events = chat_stream(int(q.get("n", 200)), int(q.get("size", 150)))
+    events = chat_stream(int(q.get("n", DEFAULT["n"])), int(q.get("size", DEFAULT["size"])))
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     for ev in events:
         await send({"type": "http.response.body", "body": ev, "more_body": True})
@@ -114,7 +115,11 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--events", type=int, default=200, help="events per stream when the query names none "
+                   "(a gateway such as LiteLLM drops the query string)")
+    p.add_argument("--size", type=int, default=150, help="bytes per event when the query names none")
     a = p.parse_args()
+    DEFAULT.update(n=a.events, size=a.size)
     uvicorn.run(app, host="127.0.0.1", port=a.port, loop="uvloop", http="httptools", log_level="warning",
                 access_log=False, server_header=False, date_header=False, lifespan="on")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -89,30 +90,55 @@ def _secret_names(ctx, param, values):
                    "past it, idle connections make room.")
 @click.option("--mcp", "mcp_servers", multiple=True, callback=_mcp_servers, metavar="NAME=URL",
               help="Also serve this streamable-HTTP MCP server at /_mcp/NAME and record its traffic. Repeatable.")
+@click.option("--workers", envvar="TOOLTAP_WORKERS", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="tooltap processes serving the port, one core each (they share the database). Env: TOOLTAP_WORKERS.")
 def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers,
-          shutdown_grace, max_connections, mcp_servers) -> None:
+          shutdown_grace, max_connections, mcp_servers, workers) -> None:
     """Forward agent traffic to the upstream and record every turn."""
     from .app import TooltapApp
     from .server import exit_now, serve as run_server
+    from .workers import worker_index, worker_spool
 
+    worker = worker_index()  # None, or which of `serve --workers N` this process is
     _require_token_off_loopback(host, ui_token)
     add_secret_names(secret_headers)
     _check_spool(spool_path)
-    _check_port(host, port)
+    if worker is None:  # a worker's port was checked by the process that started it
+        _check_port(host, port)
     _open_database(db_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
                         spool_path=spool_path, ui_token=ui_token or None, mcp_servers=mcp_servers)
+    if worker is None and workers > 1:
+        _serve_workers(settings, host, port, ui_token, db_url, workers)
+    if worker:
+        settings = dataclasses.replace(settings, spool_path=worker_spool(settings.spool_file(), worker))
     app = TooltapApp(settings)
-    for m in mcp_servers:
+    if worker is None:
+        _banner(settings, host, port, ui_token, db_url)
+    run_server(app, host=host, port=port, log_level=log_level, grace=shutdown_grace,
+               max_connections=max_connections, reuse_port=worker is not None)
+    exit_now(0)  # stopped by a signal, every turn stored or spooled
+
+
+def _banner(settings: Settings, host: str, port: int, ui_token, db_url: str, note: str = "") -> None:
+    for m in settings.mcp_servers:
         click.echo(f"tooltap: MCP http://{host}:{port}{m.prefix} -> {m.url}")
-    for up in upstreams:
+    for up in settings.upstreams:
         click.echo(f"tooltap: http://{host}:{port}{up.prefix or '/'} -> {up.url}")
     click.echo(f"tooltap: inspector at http://{host}:{port}/_tooltap/"
-               f"{'?token=...' if ui_token else ''}  (database: {db_url})")
-    run_server(app, host=host, port=port, log_level=log_level, grace=shutdown_grace,
-               max_connections=max_connections)
-    exit_now(0)  # stopped by a signal, every turn stored or spooled
+               f"{'?token=...' if ui_token else ''}  (database: {db_url}){note}")
+
+
+def _serve_workers(settings: Settings, host: str, port: int, ui_token, db_url: str, workers: int) -> None:
+    """Start `workers` tooltap processes on the port and supervise them until stopped."""
+    from .store.process import journal_dir
+    from .workers import Supervisor
+
+    spool = settings.spool_file()
+    supervisor = Supervisor(workers, spool, os.environ.get("TOOLTAP_JOURNAL") or journal_dir(spool))
+    _banner(settings, host, port, ui_token, db_url, f", {workers} workers")
+    raise SystemExit(supervisor.run())
 
 
 class EnvironmentProblem(click.ClickException):

@@ -166,7 +166,7 @@ def _start_resource_tracker_deaf_to_sighup() -> None:
 
 
 def serve(app, *, host: str, port: int, log_level: str = "info", grace: float = DEFAULT_GRACE,
-          max_connections: int | None = None) -> TooltapServer:
+          max_connections: int | None = None, reuse_port: bool = False) -> TooltapServer:
     """Serve `app` (a TooltapApp) until a stop signal; returns once stopped. From the
     main thread (signals)."""
     _start_resource_tracker_deaf_to_sighup()
@@ -180,5 +180,18 @@ def serve(app, *, host: str, port: int, log_level: str = "info", grace: float = 
         http=functools.partial(GuardedHttpProtocol, limits=Limits(max_connections=cap)),
     )
     server = TooltapServer(config, grace=grace, on_stop=lambda t: setattr(app, "stop_by", t))
-    server.run()
+    # One of `serve --workers N` (workers.py): the port is shared, the kernel spreads connections.
+    server.run(sockets=[_shared_socket(host, port)] if reuse_port else None)
     return server
+
+
+def _shared_socket(host: str, port: int):
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock

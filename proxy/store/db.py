@@ -6,7 +6,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
 from ..config import normalize_db_url
@@ -135,9 +135,16 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+MIGRATION_LOCK = 0x7001_7a9  # a Postgres advisory lock key: tooltap's migrations
+
+
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest migration (run on every start)."""
     cfg = alembic_config(str(engine.url.render_as_string(hide_password=False)))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Instances started together (docker compose up) must not migrate together:
+            # the next one waits here, then finds nothing left to do.
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")

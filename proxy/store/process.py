@@ -30,12 +30,14 @@ import queue
 import signal
 import threading
 import time
+import uuid
 from typing import Any
 
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
 from .journal import FSYNC_SECONDS, SEGMENT_BYTES, Journal, JournalReader, Position, lock_writer
+from .peers import Own, PeerTurns
 from .spool import Spool
 from .writer import Rate
 
@@ -102,6 +104,11 @@ class WriterProcess:
         self._base = (0, 0)  # written, spooled by the children before it
         self._spawn_lock = threading.Lock()
         self._closing = False
+        # Names this instance among those sharing the database; their turns reach the
+        # live view too (peers.py), this one's own come from its writer.
+        self.instance = uuid.uuid4().hex[:12]
+        self._own = Own()
+        self._peers: PeerTurns | None = None
 
     def start(self) -> None:
         migrate(self.engine)  # here, so a bad database URL fails the start, not the child
@@ -110,6 +117,8 @@ class WriterProcess:
         self._spawn()
         self._listener = threading.Thread(target=self._listen, name="tooltap-writer-events", daemon=True)
         self._listener.start()
+        if self.live is not None:
+            self._peers = PeerTurns(self.db_url, self.live, self.instance, self._own).start()
 
     def _spawn(self) -> None:
         # Fresh queues: a process killed inside a queue call can leave that queue locked.
@@ -117,7 +126,7 @@ class WriterProcess:
         self._process = _context.Process(
             target=_child, name="tooltap-writer", daemon=False,
             args=(self.db_url, self.spool.path, self.journal.slot, self.busy_timeout, self.memory_bytes,
-                  os.getpid(), self._inbox, self._outbox),
+                  os.getpid(), self._inbox, self._outbox, self.instance),
         )
         # Stop signals stay blocked while the child starts (it inherits this thread's
         # mask): a Ctrl-C to the process group during its imports must not kill it.
@@ -146,6 +155,9 @@ class WriterProcess:
         if self._process is None:
             return
         self._closing = True
+        if self._peers is not None:
+            self._peers.close()
+            self._peers = None
         self.journal.close()  # every turn accepted is on disk now (or counted as lost)
         # The child stops storing a little before the parent stops waiting (a stop signal's
         # grace is counted): what it has not stored by then stays in the journal.
@@ -183,6 +195,8 @@ class WriterProcess:
             "memory_bound_bytes": self.memory_bytes,
             "fsync_ms": round(self.journal.fsync_seconds * 1000),
             "pid": process.pid if process is not None else None,
+            "proxy_pid": os.getpid(),  # which tooltap process answered (serve --workers)
+            "instance": self.instance,
             "alive": bool(process is not None and process.is_alive()),
         }
 
@@ -203,6 +217,7 @@ class WriterProcess:
                     self.journal.forget_before(confirmed[0])
             elif kind == "events" and self.live is not None:
                 for event in payload:
+                    self._own.add(event["turn_id"])
                     self.live.publish_threadsafe(event)
             elif kind == "flushed":
                 n, *counts = payload
@@ -245,7 +260,7 @@ class _Events:
 
 
 def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_bytes: int,
-           parent_pid: int, inbox, outbox) -> None:
+           parent_pid: int, inbox, outbox, instance: str) -> None:
     from .writer import Writer
 
     # Ctrl-C (and a closed terminal's SIGHUP) reach the whole process group; the parent
@@ -262,6 +277,7 @@ def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_
     reader = JournalReader(slot)
     writer = Writer(db_url, spool_path, busy_timeout=busy_timeout, live=_Events(outbox), durable=True,
                     own_process=True)
+    writer.announce_as = instance
 
     def counts():
         return writer.written, writer.spooled, writer.spool.count

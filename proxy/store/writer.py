@@ -31,6 +31,7 @@ from .db import make_engine, migrate
 from .decoding import BlobCache, RecentTurns, decode_new_turns
 from .ingest import Ingestor
 from .models import Turn
+from .peers import announce
 from .spool import Spool
 
 log = logging.getLogger("tooltap.store")
@@ -65,6 +66,8 @@ class Writer:
         self.duplicates = 0  # turns skipped because their id was already stored
         self.rate = Rate()
         self.own_process = own_process  # alone in its process: it may tune the garbage collector
+        # Set: announce each batch's turns to the other instances on the database (peers.py).
+        self.announce_as: str | None = None
         self._full_gc_at = time.monotonic() + FULL_GC_SECONDS
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -227,6 +230,8 @@ class Writer:
             decode_new_turns(db, stored, self._recent, self._blobs)
             events = [{"type": "turn_stored", "turn_id": s.turn.id, "session_id": s.turn.session_id,
                        "live_id": r.live_id} for s, r in zip(stored, records)]
+            if self.announce_as and events and self.engine.dialect.name == "postgresql":
+                announce(db.connection(), self.announce_as, events)  # sent by the commit, not before
             db.commit()
         return events, len(records)
 

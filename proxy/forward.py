@@ -86,7 +86,51 @@ def make_client(settings: Settings) -> aiohttp.ClientSession:
         auto_decompress=False,  # compressed bodies go to the agent as sent
         cookie_jar=aiohttp.DummyCookieJar(),  # cookies are the agent's business, not ours
         trust_env=False,
+        trace_configs=[_CONNECTIONS],
     )
+
+
+class _Attempt:
+    """What one upstream request learned about the connection it was sent on."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _on_reuse(_session, ctx, _params) -> None:
+    ctx.trace_request_ctx.reused = True
+
+
+async def _on_create(_session, ctx, _params) -> None:
+    ctx.trace_request_ctx.reused = False
+
+
+_CONNECTIONS = aiohttp.TraceConfig()
+_CONNECTIONS.on_connection_reuseconn.append(_on_reuse)
+_CONNECTIONS.on_connection_create_end.append(_on_create)
+_CONNECTIONS.freeze()
+
+# A pooled connection the upstream closed as it idled (its keep-alive timeout) fails the
+# request sent on it before any answer: nothing reached the model, so the request goes
+# once more on a new connection, POST included (Go's net/http and browsers do the same).
+# A new connection that fails is not retried: the upstream may have started generating.
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+async def _request(client: aiohttp.ClientSession, method: str, url: URL, headers, body: bytes):
+    attempt = _Attempt()
+    try:
+        return await client.request(method, url, headers=headers, data=body or None, allow_redirects=False,
+                                    skip_auto_headers=_NO_AUTO_HEADERS, trace_request_ctx=attempt)
+    except _STALE as exc:
+        if not attempt.reused or isinstance(exc, aiohttp.ClientConnectorError):
+            raise
+        log.info("%s %s: the pooled upstream connection was closed (%s); sent again on a new one",
+                 method, url.path, _describe(exc))
+        return await client.request(method, url, headers=headers, data=body or None, allow_redirects=False,
+                                    skip_auto_headers=_NO_AUTO_HEADERS, trace_request_ctx=_Attempt())
 
 
 # aiohttp adds these when absent; the upstream must get only what the agent sent.
@@ -169,10 +213,7 @@ class Forwarder:
         started = False  # the client has the response's status line
         try:
             try:
-                response = await self.client.request(
-                    method, url, headers=headers, data=body or None, allow_redirects=False,
-                    skip_auto_headers=_NO_AUTO_HEADERS,
-                )
+                response = await _request(self.client, method, url, headers, body)
             except _UPSTREAM_ERRORS as exc:
                 status, error = "proxy_error", _describe(exc)
                 await _answer_error(send, capture, 502, "tooltap_proxy_error",

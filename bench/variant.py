@@ -8,6 +8,11 @@ real benchmark runs `tooltap serve`). Serves exactly as `tooltap serve` does oth
                       database work at all (forwarding + capture only)
   --no-capture        Capture.feed does nothing: no copy, hash, timeline, SSE decoding
   --switch-interval   sys.setswitchinterval (the GIL hand-off period, default 0.005)
+  --stages FILE       append each request's stage times (perf_counter, one JSON list a
+                      line: arrival at the app, upstream request sent, upstream headers,
+                      first body chunk handed to the server, handed over) to FILE
+  --bare              serve bare_proxy.py instead of tooltap: the same server and client
+                      layers with nothing of tooltap's (the floor of those layers)
 
 overhead.py runs it with --variant "ARGS".
 """
@@ -50,13 +55,24 @@ def main() -> None:
     ap.add_argument("--sink", choices=["writer", "drop"], default="writer")
     ap.add_argument("--no-capture", action="store_true")
     ap.add_argument("--switch-interval", type=float)
+    ap.add_argument("--stages", metavar="FILE")
+    ap.add_argument("--bare", action="store_true")
     a = ap.parse_args()
     if a.switch_interval:
         sys.setswitchinterval(a.switch_interval)
     if a.no_capture:
         capture.Capture.feed = lambda self, chunk: None
-    settings = Settings(upstreams=(Upstream.parse(a.upstream),), db_url=a.db)
-    app = TooltapApp(settings, writer=DropWriter() if a.sink == "drop" else None)
+    if a.bare:
+        from bare_proxy import BareProxy
+
+        app = BareProxy(a.upstream)
+    else:
+        settings = Settings(upstreams=(Upstream.parse(a.upstream),), db_url=a.db)
+        app = TooltapApp(settings, writer=DropWriter() if a.sink == "drop" else None)
+    if a.stages:
+        from stages import Stages
+
+        app = Stages(app, a.stages)
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, access_log=False,
                 server_header=False, date_header=False, timeout_graceful_shutdown=3)
 

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .asgi import read_body
+
 
 @dataclass
 class Reply:
@@ -78,12 +80,7 @@ class ScriptedUpstream:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body, _ = await read_body(receive)
         req = Received(scope["method"], scope["path"], scope["query_string"].decode("latin-1"),
                        [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]],
                        body, scope.get("raw_path") or b"")

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from ..asgi import read_body
 from ..forward import UpstreamAborted
 from ..secrets import redact_url
 from ..sse import SSEDecoder
@@ -105,7 +106,7 @@ class McpHttpProxy:
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
         url = server.url + raw_path[len(server.prefix):] + ("?" + query if query else "")
-        body, complete = await _read_body(receive)
+        body, complete = await read_body(receive)
         if not complete:
             return
         at = time.time()
@@ -186,17 +187,6 @@ def _header(headers, name: bytes) -> str | None:
         if k.lower() == name:
             return v.decode("latin-1")
     return None
-
-
-async def _read_body(receive) -> tuple[bytes, bool]:
-    parts = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b"".join(parts), False
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts), True
 
 
 async def _on_hang_up(receive, task: asyncio.Task) -> None:

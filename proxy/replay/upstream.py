@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import orjson
 
+from ..asgi import read_body
 from ..secrets import SECRET_HEADERS
 from .compare import ABSENT, describe, value_diff
 
@@ -358,12 +359,7 @@ class CassetteUpstream:
                     return
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body, _ = await read_body(receive)
         path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         path = path.partition("?")[0]
         if scope.get("query_string"):

@@ -128,3 +128,33 @@ def postgres_url() -> str | None:
     if not url and os.environ.get("CI"):
         raise RuntimeError("CI must provide TOOLTAP_TEST_POSTGRES (see .ci/run)")
     return url
+
+
+# -- a real headless browser (Debian's chromium, driven by Playwright) -----------------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page; `page.dialogs` lists what any alert() said (captured text must never
+    run one)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.dialogs = []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.set_default_timeout(30_000)
+    yield pg
+    context.close()

@@ -7,39 +7,14 @@ import json
 import threading
 
 import httpx
-import pytest
 
 from proxy.demo import chat_sse, words
 from proxy.scripted import Reply
 from tests.conftest import cline_turn
 from tests.test_proxy_e2e import FINAL_SSE
 
-sync_api = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
 XSS_IMG = '<img src=x onerror="window.__xss=1;alert(1)">'
 XSS_SCRIPT = "<script>window.__xss=2;alert(2)</script>"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context()
-    pg = context.new_page()
-    pg.dialogs = []
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-    pg.set_default_timeout(10_000)
-    yield pg
-    context.close()
 
 
 def send(url: str, body: dict | bytes, path: str = "/chat/completions") -> httpx.Response:

@@ -4,61 +4,50 @@ model asked, what the server got and answered, what the model was told."""
 
 from __future__ import annotations
 
-import pytest
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.test_mcp_correlate import play_cline_with_mcp
 
-sync_api = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
-
-
-def test_session_page_shows_the_mcp_chain(make_tooltap, upstream):
+def test_session_page_shows_the_mcp_chain(make_tooltap, upstream, page):
     tooltap = make_tooltap(upstream.url)
-    _, result = play_cline_with_mcp(tooltap, upstream)
+    # In a thread: it runs an event loop, and Playwright's sync API holds this thread's.
+    with ThreadPoolExecutor(1) as pool:
+        _, result = pool.submit(play_cline_with_mcp, tooltap, upstream).result()
     forecast = result.content[0].text
     (s,) = tooltap.api("/sessions")["sessions"]
 
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(15_000)
-            page.goto(f"{tooltap.url}/_tooltap/sessions/{s['id']}")
-            card = page.locator("[data-testid=tool-call]", has_text="weather › get_forecast")
-            chain = card.locator("[data-testid=mcp-chain]")
-            assert chain.is_visible()
-            steps = chain.locator("[data-testid=chain-steps] > li")
-            assert [steps.nth(i).get_attribute("data-step") for i in range(steps.count())] == [
-                "turn", "call", "request", "result", "agent"]
-            text = chain.inner_text()
-            for label in ("LLM turn", "model", "dispatch", "MCP request", "MCP result", "tool", "agent delay",
-                          "given to the model"):
-                assert label in text
-            assert chain.locator("[data-testid=undeclared]").inner_text().endswith("task_progress")
-            assert chain.locator("[data-testid=mcp-result]").text_content().strip() == forecast.strip()
-            assert chain.locator("[data-testid=mcp-result-match]").inner_text() == "result passed on unchanged"
-            # Built-in tools have no chain.
-            assert page.locator("[data-testid=tool-call]", has_text="list_files").locator(
-                "[data-testid=mcp-chain]").count() == 0
-            # The link to the next turn lands on the turn that carried the result.
-            chain.locator("[data-step=agent] a").click()
-            assert page.url.endswith("#turn-" + str(tooltap.api(f"/sessions/{s['id']}")["turns"][3]["id"]))
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{s['id']}")
+    card = page.locator("[data-testid=tool-call]", has_text="weather › get_forecast")
+    chain = card.locator("[data-testid=mcp-chain]")
+    assert chain.is_visible()
+    steps = chain.locator("[data-testid=chain-steps] > li")
+    assert [steps.nth(i).get_attribute("data-step") for i in range(steps.count())] == [
+        "turn", "call", "request", "result", "agent"]
+    text = chain.inner_text()
+    for label in ("LLM turn", "model", "dispatch", "MCP request", "MCP result", "tool", "agent delay",
+                  "given to the model"):
+        assert label in text
+    assert chain.locator("[data-testid=undeclared]").inner_text().endswith("task_progress")
+    assert chain.locator("[data-testid=mcp-result]").text_content().strip() == forecast.strip()
+    assert chain.locator("[data-testid=mcp-result-match]").inner_text() == "result passed on unchanged"
+    # Built-in tools have no chain.
+    assert page.locator("[data-testid=tool-call]", has_text="list_files").locator(
+        "[data-testid=mcp-chain]").count() == 0
+    # The link to the next turn lands on the turn that carried the result.
+    chain.locator("[data-step=agent] a").click()
+    assert page.url.endswith("#turn-" + str(tooltap.api(f"/sessions/{s['id']}")["turns"][3]["id"]))
 
-            # The server's page: its tools/list, the call and the turn that asked for it.
-            page.goto(f"{tooltap.url}/_tooltap/mcp")
-            page.click("text=weather")
-            assert "get_forecast" in page.locator("[data-testid=mcp-tool-sets]").inner_text()
-            calls = page.locator("[data-testid=mcp-calls]")
-            assert "+task_progress" in calls.inner_text()
-            page.click("[data-testid=compare-offered]")  # the schemas page: declared against offered
-            assert "removed" in page.locator("[data-testid=diff-summary]").inner_text()
-            assert "get_radar" in page.locator("main").inner_text()
-            page.go_back()
-            calls = page.locator("[data-testid=mcp-calls]")
-            calls.locator("a", has_text="turn").first.click()
-            assert "#turn-" in page.url and page.locator("[data-testid=mcp-chain]").count() == 1
-        finally:
-            browser.close()
+    # The server's page: its tools/list, the call and the turn that asked for it.
+    page.goto(f"{tooltap.url}/_tooltap/mcp")
+    page.click("text=weather")
+    assert "get_forecast" in page.locator("[data-testid=mcp-tool-sets]").inner_text()
+    calls = page.locator("[data-testid=mcp-calls]")
+    assert "+task_progress" in calls.inner_text()
+    page.click("[data-testid=compare-offered]")  # the schemas page: declared against offered
+    assert "removed" in page.locator("[data-testid=diff-summary]").inner_text()
+    assert "get_radar" in page.locator("main").inner_text()
+    page.go_back()
+    calls = page.locator("[data-testid=mcp-calls]")
+    calls.locator("a", has_text="turn").first.click()
+    assert "#turn-" in page.url and page.locator("[data-testid=mcp-chain]").count() == 1

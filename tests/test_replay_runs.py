@@ -170,31 +170,6 @@ def test_cli_record_run_is_listed(tooltap, upstream):
 
 # -- in a real browser -----------------------------------------------------------------------
 
-sync_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.dialogs = []
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-    pg.set_default_timeout(30_000)
-    yield pg
-    context.close()
-
-
 def hostile_session(tooltap, upstream) -> str:
     """Two turns whose tool call carries markup in its arguments."""
     args = json.dumps({"path": "notes/" + XSS_IMG, "content": XSS_SCRIPT, "line": 7})

@@ -111,8 +111,9 @@ class RawBuffer:
         self._memory, self._file = io.BytesIO(), None
 
 
-class _Decompressor:
-    """Undo a Content-Encoding for capture only; the client gets the bytes as sent."""
+class Decompressor:
+    """Undo a Content-Encoding chunk by chunk, for capture and replay only; the client
+    gets the bytes as sent."""
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding
@@ -140,7 +141,7 @@ class _Decompressor:
 def decompress(data: bytes, encoding: str | None) -> bytes:
     if not encoding or encoding == "identity":
         return data
-    return _Decompressor(encoding)(data)
+    return Decompressor(encoding)(data)
 
 
 class StreamAssembly:
@@ -156,7 +157,7 @@ class StreamAssembly:
         self._decompress = None
         if content_encoding and content_encoding != "identity":
             try:
-                self._decompress = _Decompressor(content_encoding)
+                self._decompress = Decompressor(content_encoding)
             except Exception as exc:
                 self._fail(exc)
 

@@ -100,10 +100,10 @@ def sendable_headers(headers: Iterable) -> list[tuple[str, str]]:
 def decoded_chunks(chunks: list[tuple[float, bytes]], encoding: str | None) -> list[tuple[float, bytes]]:
     if not encoding or encoding == "identity":
         return list(chunks)
-    from ..capture import _Decompressor, decompress
+    from ..capture import Decompressor, decompress
 
     try:
-        d = _Decompressor(encoding)
+        d = Decompressor(encoding)
         return [(ms, out) for ms, data in chunks if (out := d(data))]
     except Exception:  # a stream cut mid-frame: decode what there is, as one piece
         whole = b"".join(c for _, c in chunks)

@@ -275,11 +275,12 @@ def _age(ctx, param, value):
               help="Delete turns started longer ago than this: 90m, 12h, 30d, 2w.")
 @click.option("--keep-errors", is_flag=True, help="Keep turns whose status is not ok (and what they need).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; change nothing.")
-@click.option("--no-vacuum", "no_vacuum", is_flag=True,
-              help="Do not give the space back to the disk (on SQLite, a database created before "
-                   "tooltap had prune needs one full VACUUM, which holds the writer off while it runs).")
+@click.option("--vacuum", default="auto", show_default=True, type=click.Choice(["auto", "full", "none"]),
+              help="Give the space back. SQLite, auto: in short steps (a database made before tooltap had "
+                   "prune is converted by one full VACUUM); full: VACUUM, which also repacks half-empty pages "
+                   "but holds the writer off while it runs. Postgres: plain VACUUM either way.")
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True)
-def prune(older_than, keep_errors, dry_run, no_vacuum, db_url) -> None:
+def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
     """Delete old turns, and the sessions, messages and blobs nothing else uses.
 
     Safe while `tooltap serve` runs: it works in short transactions the writer waits for."""
@@ -298,7 +299,7 @@ def prune(older_than, keep_errors, dry_run, no_vacuum, db_url) -> None:
             bar = stack.enter_context(Progress(console=console, transient=True))
             task = bar.add_task("pruning turns", total=None)
             step = lambda res, total: bar.update(task, completed=res.turns, total=total)  # noqa: E731
-        res = run_prune(engine, older_than, keep_errors=keep_errors, dry_run=dry_run, vacuum=not no_vacuum,
+        res = run_prune(engine, older_than, keep_errors=keep_errors, dry_run=dry_run, vacuum=vacuum,
                         progress=step)
     engine.dispose()
     if dry_run:
@@ -316,7 +317,7 @@ def _mb(n: int) -> str:
 
 
 def _vacuum_note(how: str) -> str:
-    return {"incremental": "incremental vacuum", "full": "full VACUUM, now incremental from here on",
+    return {"incremental": "incremental vacuum", "full": "full VACUUM",
             "vacuum": "VACUUM: space reusable, files keep their size", "none": "no vacuum"}[how]
 
 

@@ -201,6 +201,27 @@ def test_bad_ages_and_missing_database_are_one_line(tmp_path, args, needle):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_file_made_before_prune_is_vacuumed_once_then_in_steps(tmp_path):
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as c:  # as tooltap made files before: auto_vacuum off
+        c.execute("PRAGMA auto_vacuum=NONE")
+        c.execute("CREATE TABLE scratch (x)")
+    url = f"sqlite:///{db}"
+    writer = Writer(url, str(tmp_path / "spool.jsonl"))
+    writer.start()
+    now = time.time()
+    for k in range(6):
+        writer.submit(record(conversation(f"t{k}", 1, filler=100_000)[0], now - (k + 1) * DAY))
+    writer.close()
+    engine = make_engine(url)
+    first = prune(engine, 3.5 * DAY)
+    assert (first.turns, first.vacuum) == (3, "full") and first.size_after < first.size_before * 0.7
+    assert sql(db, "PRAGMA auto_vacuum")[0][0] == 2  # incremental from now on
+    second = prune(engine, 1.5 * DAY)
+    assert (second.turns, second.vacuum) == (2, "incremental") and second.size_after < second.size_before * 0.7
+    engine.dispose()
+
+
 def test_ages():
     assert [parse_duration(v) for v in ("90m", "12h", "30d", "2w")] == [5400, 43200, 30 * DAY, 14 * DAY]
 
@@ -244,7 +265,7 @@ def test_prune_while_the_writer_stores_loses_nothing(engine_url, tmp_path):
 
         def keep_pruning():
             while not stop.is_set():
-                prunes.append(prune(engine, 30 * DAY, batch=3, vacuum=False))
+                prunes.append(prune(engine, 30 * DAY, batch=3))  # vacuum steps too
 
         pruner = threading.Thread(target=keep_pruning)
         pruner.start()
@@ -258,7 +279,7 @@ def test_prune_while_the_writer_stores_loses_nothing(engine_url, tmp_path):
         writer.flush()
         stop.set()
         pruner.join(30)
-        last = prune(engine, 30 * DAY, batch=3, vacuum=False)
+        last = prune(engine, 30 * DAY, batch=3, vacuum="none")
         writer.flush()
     finally:
         writer.close()

@@ -28,10 +28,12 @@ second, well inside its busy timeout (SQLite) or lock_timeout (Postgres).
 
 Giving the space back. SQLite: a file created by this version has auto_vacuum
 INCREMENTAL (db.py), and freed pages go back in steps of VACUUM_STEP pages, each its own
-short write transaction, so the writer is never shut out for long. An older file is
-converted once by a full VACUUM, which holds the write lock while it rewrites the file
-(the writer spools meanwhile; `--no-vacuum` skips it). Postgres: plain VACUUM (ANALYZE),
-which makes the space reusable without blocking writers (VACUUM FULL would).
+short write transaction, so the writer is never shut out for long. It returns whole
+free pages only: pages the prune left half full stay (they fill up again). An older file
+is converted once by a full VACUUM, which holds the write lock while it rewrites and
+repacks the file (the writer spools meanwhile); vacuum="full" asks for that repacking
+any time, "none" for no vacuum. Postgres: plain VACUUM (ANALYZE), which makes the space
+reusable without blocking writers (VACUUM FULL would).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from .db import PRUNE_LOCK
 from .ingest import usage_tokens
 from .stats import database_size
 
-BATCH = 2000  # turns per transaction
+BATCH = 1000  # turns per transaction: ~0.2-0.4 s of the write lock (writer busy timeout: 2 s)
 CHUNK = 500  # hashes per IN list
 VACUUM_STEP = 2048  # pages per incremental vacuum step (8 MB at 4 KB pages)
 TABLES = ("turns", "tool_calls", "chain_nodes", "blobs", "sessions", "replay_runs", "mcp_messages",
@@ -121,7 +123,7 @@ def _doomed(alias: str, keep_errors: bool, upto: bool) -> str:
 
 
 def prune(engine: Engine, older_than: float, *, keep_errors: bool = False, dry_run: bool = False,
-          vacuum: bool = True, batch: int = BATCH, now: float | None = None,
+          vacuum: str = "auto", batch: int = BATCH, now: float | None = None,
           progress: Callable[[PruneResult, int], None] | None = None) -> PruneResult:
     """Delete turns started more than `older_than` seconds before `now`, and everything
     only they used (see the module's docstring). `progress(result, total)` is called
@@ -155,8 +157,8 @@ def prune(engine: Engine, older_than: float, *, keep_errors: bool = False, dry_r
             progress(res, total)
     with _transaction(engine) as conn:
         res.mcp_messages, res.mcp_connections = _mcp(conn, params, keep_errors, delete=True)
-    if vacuum:
-        res.vacuum = _reclaim(engine)
+    if vacuum != "none":
+        res.vacuum = _reclaim(engine, full=vacuum == "full")
     res.size_after = database_size(engine)
     res.seconds = time.monotonic() - started
     return res
@@ -325,7 +327,7 @@ def _transaction(engine: Engine) -> Iterator[Connection]:
         conn.exec_driver_sql("COMMIT")
 
 
-def _reclaim(engine: Engine) -> str:
+def _reclaim(engine: Engine, full: bool) -> str:
     """Give the freed space back (see the module's docstring); says how."""
     if engine.dialect.name != "sqlite":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -334,7 +336,7 @@ def _reclaim(engine: Engine) -> str:
                 conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
         return "vacuum"
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() != 2:
+        if full or conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() != 2:
             conn.exec_driver_sql("PRAGMA auto_vacuum=INCREMENTAL")  # applied by this VACUUM
             conn.exec_driver_sql("VACUUM")
             how = "full"

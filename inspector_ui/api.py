@@ -84,6 +84,14 @@ def timeline(request: Request, turn_id: int):
     return {"timeline": [{"offset": o, "ms": ms} for o, ms in found]}
 
 
+@router.get("/stats")
+def stats(request: Request, days: int = Query(7, ge=1, le=366)):
+    """What `tooltap stats --json` prints: totals, database size, turns and bytes per UTC day."""
+    from proxy.store.stats import store_stats
+
+    return store_stats(_reader(request).engine, days=days).to_json()
+
+
 @router.get("/health")
 def health(request: Request):
     """The writer's backlog (turns not yet in the database), the bytes waiting on disk

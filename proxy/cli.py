@@ -261,6 +261,98 @@ def redecode(db_url) -> None:
     click.echo(f"redecoded {len(ids)} session(s)")
 
 
+def _age(ctx, param, value):
+    from .store.retention import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@main.command()
+@click.option("--older-than", "older_than", required=True, callback=_age, metavar="AGE",
+              help="Delete turns started longer ago than this: 90m, 12h, 30d, 2w.")
+@click.option("--keep-errors", is_flag=True, help="Keep turns whose status is not ok (and what they need).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; change nothing.")
+@click.option("--vacuum", default="auto", show_default=True, type=click.Choice(["auto", "full", "none"]),
+              help="Give the space back. SQLite, auto: in short steps (a database made before tooltap had "
+                   "prune is converted by one full VACUUM); full: VACUUM, which also repacks half-empty pages "
+                   "but holds the writer off while it runs. Postgres: plain VACUUM either way.")
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True)
+def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
+    """Delete old turns, and the sessions, messages and blobs nothing else uses.
+
+    Safe while `tooltap serve` runs: it works in short transactions the writer waits for."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from .store.db import make_engine
+    from .store.retention import prune as run_prune
+
+    _open_database(db_url, create=False).dispose()  # checked and migrated; a missing file is an error
+    engine = make_engine(db_url, busy_timeout=30.0)  # waits for the writer's batch, never for long
+    console = Console()
+    with contextlib.ExitStack() as stack:
+        step = None
+        if console.is_terminal and not dry_run:
+            bar = stack.enter_context(Progress(console=console, transient=True))
+            task = bar.add_task("pruning turns", total=None)
+            step = lambda res, total: bar.update(task, completed=res.turns, total=total)  # noqa: E731
+        res = run_prune(engine, older_than, keep_errors=keep_errors, dry_run=dry_run, vacuum=vacuum,
+                        progress=step)
+    engine.dispose()
+    if dry_run:
+        click.echo(f"would prune {res.turns} turns, {res.sessions} sessions, {res.blobs} blobs, "
+                   f"{res.chain_nodes} chain nodes, {res.mcp_messages} MCP messages; "
+                   f"about {_mb(res.turn_bytes + res.blob_bytes)} of data (nothing changed)")
+        return
+    click.echo(f"pruned {res.turns} turns, {res.sessions} sessions, {res.blobs} blobs, "
+               f"{res.mcp_messages} MCP messages; reclaimed {_mb(res.reclaimed)} "
+               f"({_vacuum_note(res.vacuum)}, {res.seconds:.1f} s)")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _vacuum_note(how: str) -> str:
+    return {"incremental": "incremental vacuum", "full": "full VACUUM",
+            "vacuum": "VACUUM: space reusable, files keep their size", "none": "no vacuum"}[how]
+
+
+@main.command()
+@click.option("--days", default=7, show_default=True, type=click.IntRange(1, 366), help="Days of growth shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True)
+def stats(days, as_json, db_url) -> None:
+    """Turns, sessions, database size and growth per day (UTC)."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .store.stats import store_stats
+
+    engine = _open_database(db_url, create=False)
+    s = store_stats(engine, days=days)
+    engine.dispose()
+    if as_json:
+        click.echo(json.dumps(s.to_json(), indent=2))
+        return
+    console = Console()
+    console.print(f"turns {s.turns} ({s.errors} not ok), sessions {s.sessions}, blobs {s.blobs} "
+                  f"({_mb(s.blob_bytes)}), database {_mb(s.database_bytes)}", highlight=False)
+    console.print(f"first turn {s.first_at or '-'}, last turn {s.last_at or '-'}, "
+                  f"last pruned {s.pruned_at or 'never'}", highlight=False)
+    table = Table(title=f"growth, last {days} days (UTC)")
+    for name in ("day", "turns", "not ok", "wire MB", "stored MB"):
+        table.add_column(name, justify="left" if name == "day" else "right")
+    for d in s.days:
+        table.add_row(d.day, str(d.turns), str(d.errors), f"{d.wire_bytes / 1e6:.1f}", f"{d.stored_bytes / 1e6:.1f}")
+    console.print(table)
+
+
 main.add_command(schemas)
 main.add_command(otel)
 main.add_command(import_command)

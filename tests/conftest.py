@@ -130,6 +130,36 @@ def postgres_url() -> str | None:
     return url
 
 
+def postgres_schema(schema: str) -> str:
+    """The test Postgres URL, with `schema` made empty in it (skips the test without one).
+    Engines reach it through `in_schema`, so tests running side by side never meet."""
+    url = postgres_url()
+    if url is None:
+        pytest.skip("no Postgres here: set TOOLTAP_TEST_POSTGRES (.ci/run does)")
+    from proxy.store.db import make_engine
+    from sqlalchemy import text
+
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+    engine.dispose()
+    return url
+
+
+def in_schema(engine, schema: str | None):
+    """Every connection of `engine` works in `schema` (None: as it is)."""
+    from sqlalchemy import event
+
+    def _search_path(dbapi_conn, _record) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET search_path TO {schema}")
+        dbapi_conn.commit()
+
+    if schema:
+        event.listen(engine, "connect", _search_path)
+    return engine
+
+
 # -- a real headless browser (Debian's chromium, driven by Playwright) -----------------------
 
 CHROMIUM = "/usr/bin/chromium"

@@ -110,6 +110,9 @@ def test_an_older_database_gets_the_readable_reply_on_upgrade(cline, tmp_path):
             conn.execute(f"drop view {view}")
         conn.execute("alter table turns drop column response_text")
         conn.execute("drop index if exists ix_chain_nodes_parent")  # added by 0006, after 0005
+        conn.execute("drop table store_epoch")  # 0007
+        conn.execute("drop index ix_turns_system_hash")
+        conn.execute("drop index ix_chain_nodes_message_hash")
         conn.execute("update alembic_version set version_num = '0004'")
     open_database(f"sqlite:///{copy}").dispose()
     texts = sqlite3.connect(copy).execute("select response_text from turns_v order by id").fetchall()

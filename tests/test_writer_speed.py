@@ -21,7 +21,7 @@ from proxy.store.db import make_engine, migrate
 from proxy.store.decoding import BlobCache, RecentTurns, decode_new_turns, decode_sessions
 from proxy.store.ingest import Ingestor
 from proxy.store.requests import Requests
-from tests.conftest import cline_turn, postgres_url
+from tests.conftest import cline_turn, in_schema, postgres_schema
 from tests.test_proxy_e2e import FINAL_SSE
 
 TURNS = [cline_turn(n) for n in (1, 2, 3, 4)]
@@ -50,14 +50,8 @@ def database(request, tmp_path):
         if request.param == "sqlite":
             engine = make_engine(f"sqlite:///{tmp_path / f'w{len(made)}.db'}")
         else:  # a schema of its own in the test database, for each engine
-            url = postgres_url()
-            if url is None:
-                pytest.skip("no Postgres here: set TOOLTAP_TEST_POSTGRES (.ci/run does)")
             schema = f"writer_speed_{len(made)}"
-            with make_engine(url).begin() as conn:
-                conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
-            engine = make_engine(url)
-            event.listen(engine, "connect", lambda dbapi_conn, _: _search_path(dbapi_conn, schema))
+            engine = in_schema(make_engine(postgres_schema(schema)), schema)
         migrate(engine)
         made.append(engine)
         return engine
@@ -65,12 +59,6 @@ def database(request, tmp_path):
     yield fresh
     for engine in made:
         engine.dispose()
-
-
-def _search_path(dbapi_conn, schema: str) -> None:
-    with dbapi_conn.cursor() as cur:
-        cur.execute(f"SET search_path TO {schema}")
-    dbapi_conn.commit()
 
 
 class Store:

@@ -121,6 +121,9 @@ def _postgres_text_without_nul(dbapi_conn, _record) -> None:
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
+    # Takes effect only in a new, empty file: space a prune frees can then be given back
+    # in small steps (retention.py) instead of one VACUUM that locks the writer out.
+    cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
     # WAL: the inspector reads while the writer writes. NORMAL: durable at checkpoints,
     # safe against corruption, far fewer fsyncs than FULL.
     cur.execute("PRAGMA journal_mode=WAL")
@@ -136,6 +139,8 @@ def alembic_config(url: str) -> Config:
 
 
 MIGRATION_LOCK = 0x7001_7a9  # a Postgres advisory lock key: tooltap's migrations
+# Writers hold it shared for each batch; a prune's batch holds it alone (retention.py).
+PRUNE_LOCK = 0x7001_7aa
 
 
 def migrate(engine: Engine) -> None:

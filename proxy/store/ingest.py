@@ -31,6 +31,7 @@ from sqlmodel import Session as DB
 from .. import apis
 from ..capture import TurnRecord, assemble, decompress
 from . import content
+from .db import PRUNE_LOCK
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
 from .readable import reply_text
 from .requests import Parsed, Prefix, Requests
@@ -94,6 +95,7 @@ class Ingestor:
         self.dialect = dialect
         self._insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         self._known: set[str] = set()  # blob and chain hashes written by this process
+        self._epoch: int | None = None  # store_epoch when _known was last checked
         self._blobs: dict[str, bytes] = {}  # new blobs of the batch being built
         self._requests = Requests()  # recent requests: a resent history is not parsed again
         # Built once: building a statement costs more than running it.
@@ -119,6 +121,19 @@ class Ingestor:
             _SESSIONS.c.id.in_(bindparam("ids", expanding=True)))
         self._models_stmt = (update(_SESSIONS).where(_SESSIONS.c.id == bindparam("sid"))
                              .values(models=bindparam("models")))
+
+    def check_epoch(self, conn) -> None:
+        """Call first in each batch's transaction. A prune (retention.py) may have deleted
+        blobs or chain nodes this process remembers as stored: it raises store_epoch in
+        the transaction that deletes them, and this transaction cannot overlap it (SQLite:
+        both BEGIN IMMEDIATE; Postgres: PRUNE_LOCK, shared here, alone in the prune). A
+        moved epoch means: trust nothing remembered, upsert every blob and node again."""
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": PRUNE_LOCK})
+        epoch = conn.execute(text("SELECT epoch FROM store_epoch WHERE id = 1")).scalar()
+        if epoch != self._epoch:
+            self._known.clear()
+            self._epoch = epoch
 
     # -- per turn, no database ---------------------------------------------------------
 
@@ -329,9 +344,9 @@ class Ingestor:
             row["turns"] += 1
             row["tool_calls"] += t.tool_call_count
             row["errors"] += t.status != "ok"
-            usage = t.usage if isinstance(t.usage, dict) else {}
-            row["input_tokens"] += _int(usage, "prompt_tokens", "input_tokens", "promptTokenCount")
-            row["output_tokens"] += _int(usage, "completion_tokens", "output_tokens", "candidatesTokenCount")
+            tokens_in, tokens_out = usage_tokens(t.usage)
+            row["input_tokens"] += tokens_in
+            row["output_tokens"] += tokens_out
             if t.model and t.model not in row["models"]:
                 row["models"].append(t.model)
             if not row["title"]:
@@ -403,6 +418,13 @@ def _model_in_path(path: str) -> str | None:
 
 def _is_system(message: Any) -> bool:
     return isinstance(message, dict) and message.get("role") in ("system", "developer")
+
+
+def usage_tokens(usage: Any) -> tuple[int, int]:
+    """(input, output) tokens of a turn's usage, whichever API wrote it."""
+    usage = usage if isinstance(usage, dict) else {}
+    return (_int(usage, "prompt_tokens", "input_tokens", "promptTokenCount"),
+            _int(usage, "completion_tokens", "output_tokens", "candidatesTokenCount"))
 
 
 def _int(d: dict, *keys: str) -> int:

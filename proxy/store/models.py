@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, LargeBinary, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 _JSON = JSON(none_as_null=True)  # Python None is SQL NULL, not the JSON text 'null'
@@ -29,7 +29,7 @@ class ChainNode(SQLModel, table=True):
     __tablename__ = "chain_nodes"
     hash: str = Field(primary_key=True, max_length=32)
     parent: str | None = Field(default=None, max_length=32, index=True)  # walked down (sessions.ADOPTABLE)
-    message_hash: str = Field(max_length=32)
+    message_hash: str = Field(max_length=32, index=True)  # is a blob still used (retention.py)
     depth: int
     session_id: str = Field(index=True, max_length=64)
 
@@ -72,7 +72,7 @@ class Turn(SQLModel, table=True):
     request_size: int = 0
     chain_hash: str | None = Field(default=None, index=True, max_length=32)
     message_count: int = 0
-    system_hash: str | None = Field(default=None, max_length=32)
+    system_hash: str | None = Field(default=None, max_length=32, index=True)
     tools_hash: str | None = Field(default=None, index=True, max_length=32)
     request_headers: Any = Field(default=None, sa_column=Column(_JSON))
     # The response: reassembled JSON and the exact bytes the client got, both zlib.
@@ -109,6 +109,16 @@ class ToolCallRow(SQLModel, table=True):
     task_progress: Any = Field(default=None, sa_column=Column(_JSON))
     result: Any = Field(default=None, sa_column=Column(_JSON))
     violations: Any = Field(default=None, sa_column=Column(_JSON))
+
+
+class StoreEpoch(SQLModel, table=True):
+    """One row: raised by each prune that deletes blobs or chain nodes (retention.py), so a
+    writer knows to forget which of them it had stored."""
+
+    __tablename__ = "store_epoch"
+    id: int = Field(default=1, primary_key=True)
+    epoch: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    pruned_at: float | None = None
 
 
 class ReplayRun(SQLModel, table=True):

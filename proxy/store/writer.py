@@ -53,7 +53,7 @@ class Writer:
         self.db_url = db_url
         self.engine = make_engine(db_url, busy_timeout=busy_timeout)
         if self.engine.dialect.name == "sqlite":
-            _begin_immediate(self.engine)
+            begin_immediate(self.engine)
         if durable and self.engine.dialect.name == "sqlite":
             # The journal forgets a turn once it is committed: the commit must survive a
             # power loss too (Postgres commits are durable already).
@@ -223,6 +223,7 @@ class Writer:
         """One transaction for the batch; returns the live events to announce it and how
         many turns were new."""
         with DB(self.engine, autoflush=False) as db:
+            self._ingestor.check_epoch(db.connection())  # before add(): it trusts what is known
             records = self._unseen(db, records)
             stored = [self._ingestor.add(db, r) for r in records]
             if stored:
@@ -358,7 +359,7 @@ def _sync_every_commit(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def _begin_immediate(engine) -> None:
+def begin_immediate(engine) -> None:
     """Take SQLite's write lock when the transaction begins, not at its first write: a
     batch places its turns by what it reads, and another process (a second tooltap on
     the same file, `serve --workers`) must not commit between that read and the write."""

@@ -1,0 +1,298 @@
+"""`tooltap prune` and `tooltap stats` on real stores: turns made by a real tooltap and a
+scripted upstream (or by the writer itself, for Postgres), aged by moving their
+started_at back, then pruned while the writer keeps storing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from proxy.capture import TurnRecord
+from proxy.scripted import Reply
+from proxy.store.db import make_engine, migrate
+from proxy.store.read import Reader
+from proxy.store.retention import parse_duration, prune
+from proxy.store.stats import store_stats
+from proxy.store.writer import Writer
+from tests.conftest import in_schema, postgres_schema
+
+DAY = 86400
+CLI = [sys.executable, "-m", "proxy"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's proxy, from any folder
+
+
+def cli(*args: str, db=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOOLTAP_DB": str(db)} if db else None
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def completion(text_: str, call: str | None = None) -> dict:
+    message = {"role": "assistant", "content": text_}
+    if call:
+        message["tool_calls"] = [{"id": f"call_{call}", "type": "function",
+                                  "function": {"name": "get_weather", "arguments": json.dumps({"city": call})}}]
+    return {"id": "c", "object": "chat.completion", "model": "m1", "choices": [{"index": 0, "message": message}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 3}}
+
+
+def tools(name: str) -> list:
+    return [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+
+
+def conversation(key: str, turns: int, *, filler: int = 0, tool: str = "get_weather") -> list[bytes]:
+    """The request bodies of an agent's `turns` turns: each resends the history before it.
+    `filler`: random bytes of text in the first message (space a prune can give back)."""
+    rng = random.Random(key)
+    first = f"task {key} " + "".join(rng.choice("0123456789abcdef") for _ in range(filler))
+    messages = [{"role": "system", "content": "you are a shared system prompt"},
+                {"role": "user", "content": first}]
+    bodies = []
+    for n in range(turns):
+        bodies.append(json.dumps({"model": "m1", "messages": messages, "tools": tools(tool)}).encode())
+        messages = messages + [{"role": "assistant", "content": f"{key} answer {n}"},
+                               {"role": "user", "content": f"{key} question {n + 1}"}]
+    return bodies
+
+
+def send(tooltap, bodies: list[bytes]) -> None:
+    with httpx.Client(base_url=tooltap.url, timeout=30) as client:
+        for body in bodies:
+            client.post("/chat/completions", content=body, headers={"content-type": "application/json"})
+    tooltap.flush()
+
+
+def sql(db_path, query: str, *args):
+    with sqlite3.connect(db_path) as c:
+        return c.execute(query, args).fetchall()
+
+
+def age(db_path, days: float, where: str, *args) -> None:
+    with sqlite3.connect(db_path) as c:
+        c.execute(f"UPDATE turns SET started_at = started_at - ? WHERE {where}", (days * DAY, *args))
+
+
+def counts(db_path) -> dict:
+    return {t: sql(db_path, f"SELECT count(*) FROM {t}")[0][0]
+            for t in ("turns", "sessions", "blobs", "chain_nodes", "tool_calls")}
+
+
+def assert_one_line_error(r, needle: str) -> None:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and needle in errors[0], r.stderr
+
+
+# -- SQLite, through a real tooltap ---------------------------------------------------------
+
+def test_prune_deletes_old_turns_and_only_what_nothing_else_uses(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json(completion("ok", call="Paris"))
+    old = conversation("old", 3, filler=400_000, tool="old_only")
+    mixed = conversation("mixed", 4)
+    new = conversation("new", 2)
+    send(tooltap, old + mixed + new)
+    db = tooltap.db_path
+    by_size = {n: sid for sid, n in sql(db, "SELECT session_id, count(*) FROM turns GROUP BY session_id")}
+    old_sid, mixed_sid, new_sid = by_size[3], by_size[4], by_size[2]
+    mixed_ids = [i for (i,) in sql(db, "SELECT id FROM turns WHERE session_id = ? ORDER BY id", mixed_sid)]
+    age(db, 40, "session_id = ?", old_sid)
+    age(db, 35, "id IN (?, ?)", *mixed_ids[:2])
+    before = counts(db)
+    pages_before = sql(db, "PRAGMA page_count")[0][0]
+
+    r = cli("prune", "--older-than", "30d", db=db)  # while the tooltap runs
+    assert r.returncode == 0, r.stderr
+    # The old task's own blobs: its 5 messages (the system prompt is shared) and its tools.
+    assert r.stdout.startswith("pruned 5 turns, 1 sessions, 6 blobs, 0 MCP messages; reclaimed "), r.stdout
+    after = counts(db)
+    assert before["turns"] - after["turns"] == 5
+    assert before["sessions"] - after["sessions"] == 1
+    assert before["blobs"] - after["blobs"] == 6
+    assert before["chain_nodes"] - after["chain_nodes"] == 5  # the mixed task's nodes all still lead somewhere
+    assert before["tool_calls"] - after["tool_calls"] == 5
+    assert sql(db, "PRAGMA page_count")[0][0] < pages_before * 0.6  # the 400 KB of text given back
+    assert sql(db, "PRAGMA freelist_count")[0][0] == 0
+
+    listed = tooltap.api("/sessions")["sessions"]
+    assert sorted(s["id"] for s in listed) == sorted([mixed_sid, new_sid])
+    mixed_now = tooltap.api(f"/sessions/{mixed_sid}")
+    assert [t["id"] for t in mixed_now["turns"]] == mixed_ids[2:]
+    row = sql(db, "SELECT turns, tool_calls, input_tokens, errors, started_at, last_at FROM sessions WHERE id = ?",
+              mixed_sid)[0]
+    first, last = sql(db, "SELECT min(started_at), max(started_at) FROM turns WHERE session_id = ?", mixed_sid)[0]
+    assert row == (2, 2, 20, 0, first, last)
+    turn = tooltap.api(f"/turns/{mixed_ids[2]}")
+    assert turn["parent_id"] is None  # its parent was pruned: it starts the session now
+    assert turn["request"] == json.loads(mixed[2])  # messages, system prompt and tools all still there
+    assert tooltap.api(f"/turns/{mixed_ids[3]}")["request"] == json.loads(mixed[3])
+
+    send(tooltap, conversation("old", 4)[3:])  # the pruned task goes on: its blobs are stored again
+    latest = tooltap.api("/turns?limit=1")["turns"][0]
+    assert tooltap.api(f"/turns/{latest['id']}")["request"] == json.loads(conversation("old", 4)[3])
+
+
+def test_keep_errors_and_dry_run(tooltap, upstream):
+    upstream.routes["/chat/completions"] = [Reply.json(completion("fine")),
+                                            Reply.json({"error": {"message": "overloaded"}}, status=529)]
+    bodies = conversation("flaky", 2)
+    send(tooltap, bodies)
+    db = tooltap.db_path
+    assert [s for (s,) in sql(db, "SELECT status FROM turns ORDER BY id")] == ["ok", "upstream_error"]
+    age(db, 3, "1 = 1")
+    before = counts(db)
+    r = cli("prune", "--older-than", "2d", "--dry-run", db=db)
+    assert r.returncode == 0, r.stderr
+    # its 3 messages, the system prompt and the tools: nothing else uses them
+    assert r.stdout.startswith("would prune 2 turns, 1 sessions, 5 blobs, 3 chain nodes"), r.stdout
+    assert counts(db) == before
+
+    r = cli("prune", "--older-than", "48h", "--keep-errors", db=db)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("pruned 1 turns, 0 sessions, 0 blobs"), r.stdout
+    (error_id,) = sql(db, "SELECT id FROM turns")[0]
+    turn = tooltap.api(f"/turns/{error_id}")
+    assert turn["status"] == "upstream_error" and turn["parent_id"] is None
+    assert turn["request"] == json.loads(bodies[1])
+    (session,) = tooltap.api("/sessions")["sessions"]
+    assert (session["turns"], session["errors"]) == (1, 1)
+
+
+def test_stats_counts_and_growth_per_day(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json(completion("hi"))
+    send(tooltap, conversation("a", 3) + conversation("b", 2))
+    db = tooltap.db_path
+    ids = [i for (i,) in sql(db, "SELECT id FROM turns ORDER BY id")]
+    age(db, 1, "id = ?", ids[0])
+    age(db, 3, "id IN (?, ?)", *ids[1:3])
+    r = cli("stats", "--json", "--days", "5", db=db)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert (s["turns"], s["sessions"], s["errors"]) == (5, 2, 0)
+    assert [d["turns"] for d in s["days"]] == [0, 2, 0, 1, 2]
+    wire = sql(db, "SELECT sum(request_size + raw_size) FROM turns WHERE id IN (?, ?)", *ids[1:3])[0][0]
+    assert s["days"][1]["wire_bytes"] == wire
+    assert s["database_bytes"] == sql(db, "PRAGMA page_count")[0][0] * sql(db, "PRAGMA page_size")[0][0]
+    api = httpx.get(f"{tooltap.url}/_tooltap/api/stats?days=5").json()
+    assert api["turns"] == 5 and [d["turns"] for d in api["days"]] == [0, 2, 0, 1, 2]
+    table = cli("stats", db=db)
+    assert table.returncode == 0 and "turns 5" in table.stdout and "growth" in table.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["prune", "--older-than", "30x"], "is not an age"),
+    (["prune", "--older-than", "0d"], "is not an age"),
+    (["prune", "--older-than", "30d"], "no tooltap database"),
+    (["stats"], "no tooltap database"),
+])
+def test_bad_ages_and_missing_database_are_one_line(tmp_path, args, needle):
+    r = subprocess.run([*CLI, *args, "--db", str(tmp_path / "none.db")], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT})
+    assert_one_line_error(r, needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_made_before_prune_is_vacuumed_once_then_in_steps(tmp_path):
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as c:  # as tooltap made files before: auto_vacuum off
+        c.execute("PRAGMA auto_vacuum=NONE")
+        c.execute("CREATE TABLE scratch (x)")
+    url = f"sqlite:///{db}"
+    writer = Writer(url, str(tmp_path / "spool.jsonl"))
+    writer.start()
+    now = time.time()
+    for k in range(6):
+        writer.submit(record(conversation(f"t{k}", 1, filler=100_000)[0], now - (k + 1) * DAY))
+    writer.close()
+    engine = make_engine(url)
+    first = prune(engine, 3.5 * DAY)
+    assert (first.turns, first.vacuum) == (3, "full") and first.size_after < first.size_before * 0.7
+    assert sql(db, "PRAGMA auto_vacuum")[0][0] == 2  # incremental from now on
+    second = prune(engine, 1.5 * DAY)
+    assert (second.turns, second.vacuum) == (2, "incremental") and second.size_after < second.size_before * 0.7
+    engine.dispose()
+
+
+def test_ages():
+    assert [parse_duration(v) for v in ("90m", "12h", "30d", "2w")] == [5400, 43200, 30 * DAY, 14 * DAY]
+
+
+# -- while the writer stores: SQLite and Postgres ---------------------------------------------
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine_url(request, tmp_path):
+    """(URL, schema or None): Postgres gets a schema of its own in the test database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'w.db'}", None
+        return
+    schema = f"prune_{os.getpid()}"
+    url = postgres_schema(schema)
+    yield url, schema
+    with make_engine(url).begin() as conn:
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+
+
+def record(body: bytes, at: float) -> TurnRecord:
+    raw = json.dumps(completion("done")).encode()
+    return TurnRecord(started_at=at, method="POST", path="/chat/completions", upstream="http://up",
+                      request_headers=[["content-type", "application/json"]], request_body=body, api="openai.chat",
+                      http_status=200, raw=raw, raw_size=len(raw), response_headers=[["content-type", "application/json"]])
+
+
+def test_prune_while_the_writer_stores_loses_nothing(engine_url, tmp_path):
+    url, schema = engine_url
+    engine = in_schema(make_engine(url, busy_timeout=30), schema)
+    migrate(engine)
+    writer = Writer(url, str(tmp_path / "spool.jsonl"))
+    in_schema(writer.engine, schema)
+    writer.start()
+    now = time.time()
+    try:
+        # Old tasks whose tools array is shared by the new turns only after the prune deleted it.
+        for k in range(20):
+            writer.submit(record(conversation(f"old{k}", 1, tool=f"tool{k % 3}")[0], now - 40 * DAY))
+        writer.flush()
+        stop, sent, prunes = threading.Event(), [], []
+
+        def keep_pruning():
+            while not stop.is_set():
+                prunes.append(prune(engine, 30 * DAY, batch=3))  # vacuum steps too
+
+        pruner = threading.Thread(target=keep_pruning)
+        pruner.start()
+        for k in range(60):  # new turns, some continuing old tasks, all naming the old tools
+            body = conversation(f"old{k % 25}", 2 + k // 25, tool=f"tool{k % 3}")[-1]
+            writer.submit(record(body, now))
+            sent.append(body)
+            if k % 5 == 0:
+                writer.submit(record(conversation(f"late{k}", 1, tool=f"tool{k % 3}")[0], now - 40 * DAY))
+            time.sleep(0.01)
+        writer.flush()
+        stop.set()
+        pruner.join(30)
+        last = prune(engine, 30 * DAY, batch=3, vacuum="none")
+        writer.flush()
+    finally:
+        writer.close()
+    assert sum(p.turns for p in prunes) + last.turns == 20 + 12 and sum(p.blobs for p in prunes) > 0
+    reader = Reader(engine)
+    with engine.connect() as conn:
+        ids = [i for (i,) in conn.execute(text("SELECT id FROM turns ORDER BY id"))]
+        assert conn.execute(text("SELECT count(*) FROM turns WHERE started_at < :c"), {"c": now - DAY}).scalar() == 0
+        sessions = conn.execute(text("SELECT count(*), sum(turns) FROM sessions")).one()
+    assert len(ids) == len(sent)
+    assert sorted(json.dumps(reader.turn(i)["request"], sort_keys=True) for i in ids) == \
+        sorted(json.dumps(json.loads(b), sort_keys=True) for b in sent)
+    assert sessions[1] == len(sent)
+    stats = store_stats(engine, days=2, now=now)
+    assert stats.turns == len(sent) and stats.days[-1].turns == len(sent)
+    engine.dispose()

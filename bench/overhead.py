@@ -2,6 +2,7 @@
 
     python bench/overhead.py [--chunks 200] [--size 200] [--requests 200]
                              [--concurrency 32] [--seconds 10] [--rounds 5] [--big-mb 50]
+                             [--sweep 1,8,32,128] [--litellm EXE]
 
 Three processes on loopback: the upstream (bench/upstream.py: raw ASGI, uvicorn, uvloop,
 httptools), tooltap (`tooltap serve`, SQLite in a temporary directory) in front of it, and
@@ -12,6 +13,7 @@ same run, interleaved so machine noise hits both paths alike:
      medians and p90 of time to first body byte (TTFB) and total time.
   2. concurrency `--concurrency`: `--rounds` rounds of `--seconds`/`--rounds` seconds per
      path, alternating; requests/s, chunks/s, and the CPU time each process used.
+     With `--sweep`, a shorter load at each concurrency listed.
   3. memory: tooltap's VmRSS before and after one `--big-mb` MB response through it (an
      SSE chat stream, then opaque bytes), and the peak (VmHWM, reset before each stream).
 
@@ -135,6 +137,10 @@ def main() -> int:
                     help="bytes per event (a chat.completion.chunk envelope alone is ~176 bytes)")
     ap.add_argument("--requests", type=int, default=200, help="requests per path at concurrency 1")
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--sweep", metavar="N,N,...", default="",
+                    help="also a shorter load at each of these concurrencies (e.g. 1,8,32,128): how the "
+                         "cost grows with concurrency")
+    ap.add_argument("--sweep-seconds", type=float, default=4.0, help="load time per path at each sweep step")
     ap.add_argument("--seconds", type=float, default=10.0, help="load time per path (split into rounds)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--big-mb", type=int, default=50, help="size of the memory test stream (0: skip)")
@@ -211,6 +217,18 @@ def main() -> int:
             results["load"]["cpu_seconds"] = cpu
             results["load"]["tooltap_cpu_ms_per_request"] = cpu["tooltap"] / max(1, ld["tooltap"]["all_requests"]) * 1e3
 
+            if a.sweep:
+                results["sweep"] = {}
+                for conc in [int(c) for c in a.sweep.split(",") if c.strip()]:
+                    print(f"[2/3] sweep: concurrency {conc}, {a.sweep_seconds:g} s per path ...", flush=True)
+                    sw = run_client({"mode": "load", "targets": targets, "path": path, "expect_bytes": expect,
+                                     "paths": paths, "expects": expects, "concurrency": conc,
+                                     "round_seconds": a.sweep_seconds / 2, "rounds": 2, "warmup_rounds": 1},
+                                    timeout=a.sweep_seconds * 6 + 180)
+                    results["sweep"][conc] = {n: summarize_latency(sw[n]) | {
+                        "req_per_s": sw[n]["requests"] / sw[n]["elapsed"], "errors": sw[n]["errors"]}
+                        for n in targets}
+
             if a.big_mb and "drop" not in (a.variant or ""):
                 print(f"[3/3] memory: one {a.big_mb} MB response through tooltap (SSE, then raw) ...", flush=True)
                 results["memory"] = {
@@ -266,6 +284,16 @@ def report(r: dict, a) -> None:
     print(f"CPU seconds over the whole load phase (both paths): tooltap {cpu['tooltap']:.1f}, upstream "
           f"{cpu['upstream']:.1f}, client {cpu['client']:.1f}; tooltap: "
           f"{ld['tooltap_cpu_ms_per_request']:.2f} ms CPU per proxied request")
+
+    if "sweep" in r:
+        print("\n== How the cost grows with concurrency (req/s; TTFB p50 ms; ratio to direct) ==")
+        rows = []
+        for conc, by in r["sweep"].items():
+            d = by["direct"]["req_per_s"]
+            rows.append([str(conc)] + [f"{by[n]['req_per_s']:.1f}; {by[n]['ttfb_ms']['p50']:.2f}"
+                                       + ("" if n == "direct" else f"; {by[n]['req_per_s'] / d:.2f}")
+                                       for n in names] + [str(sum(by[n]["errors"] for n in names))])
+        print(table(rows, ["concurrency", *names, "errors"]))
 
     mem_ok = True
     if "memory" in r:

@@ -343,8 +343,9 @@ def stats(days, as_json, db_url) -> None:
     console = Console()
     console.print(f"turns {s.turns} ({s.errors} not ok), sessions {s.sessions}, blobs {s.blobs} "
                   f"({_mb(s.blob_bytes)}), database {_mb(s.database_bytes)}", highlight=False)
-    console.print(f"first turn {s.first_at or '-'}, last turn {s.last_at or '-'}, "
-                  f"last pruned {s.pruned_at or 'never'}", highlight=False)
+    console.print(f"first turn {s.first_at or '-'}", highlight=False)
+    console.print(f"last turn  {s.last_at or '-'}", highlight=False)
+    console.print(f"pruned     {s.pruned_at or 'never'}", highlight=False)
     table = Table(title=f"growth, last {days} days (UTC)")
     for name in ("day", "turns", "not ok", "wire MB", "stored MB"):
         table.add_column(name, justify="left" if name == "day" else "right")

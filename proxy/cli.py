@@ -107,6 +107,8 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
         _check_port(host, port)
     _open_database(db_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level != "debug":  # alembic says which SQL dialect it found at every start
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
                         spool_path=spool_path, ui_token=ui_token or None, mcp_servers=mcp_servers)
     if worker is None and workers > 1:

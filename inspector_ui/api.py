@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from proxy.store.read import MAX_ID, json_bytes
@@ -47,6 +51,19 @@ def session(request: Request, session_id: str):  # routed last, see the end of t
 def turns(request: Request, limit: int = Query(50, ge=1, le=1000), before: int | None = None):
     _id_sized("before", before)
     return {"turns": _reader(request).turns(limit=limit, before=before)}
+
+
+@router.get("/turns/uid/{uid}")
+async def turn_by_uid(request: Request, uid: str, wait: float = Query(0, ge=0, le=30)):
+    """The turn an X-Tooltap-Turn response header named (serve --turn-header), waiting up
+    to `wait` seconds for it to be stored (a moment after its answer ends)."""
+    reader = _reader(request)
+    deadline = time.monotonic() + wait
+    while (turn_id := await run_in_threadpool(reader.turn_id_by_uid, uid)) is None:
+        if time.monotonic() >= deadline:
+            raise HTTPException(404, f"no turn with uid {uid}" + (f" after {wait:g} s" if wait else ""))
+        await asyncio.sleep(0.05)
+    return await run_in_threadpool(reader.turn, turn_id)
 
 
 @router.get("/turns/{turn_id}")

@@ -56,6 +56,7 @@ class TurnRecord:
     unparsed_events: int = 0
     live_id: str | None = None  # names the turn in live events until it has a database id
     seq: int = 0  # the writer process's receipt number (0: none)
+    uid: str = ""  # names the turn for good (turns.uid); given by the journal unless set here
 
     def iter_raw(self, size: int = 1 << 20):
         if isinstance(self.raw, bytes):

@@ -52,6 +52,7 @@ class Settings:
     read_timeout: float = 600.0  # a slow model may think for minutes before its first byte
     ui_token: str | None = None
     mcp_servers: tuple = ()  # proxy.mcp.http.McpUpstream: streamable-HTTP MCP servers served under /_mcp/NAME
+    turn_header: bool = False  # answer each forwarded request with X-Tooltap-Turn: the turn's uid
 
     def resolve(self, path: str) -> tuple[Upstream, str] | None:
         """The upstream serving `path` and the path to send it, or None."""

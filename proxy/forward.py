@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from typing import Callable
 
 import aiohttp
@@ -34,6 +35,7 @@ HOP_BY_HOP = frozenset(
      b"expect"}  # 100-continue is between the agent and us; we send the whole body at once
 )
 SESSION_HEADER = b"x-tooltap-session"
+TURN_HEADER = b"x-tooltap-turn"  # serve --turn-header: the uid that finds the turn in the API
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -192,6 +194,8 @@ class Forwarder:
             api,
             self.live,
         )
+        if self.settings.turn_header:
+            capture.record.uid = uuid.uuid4().hex
         if incomplete == SHUT_DOWN:  # still arriving when the grace ran out
             await _answer_error(send, capture, 503, "tooltap_shut_down", "tooltap shut down before the request arrived")
             self.sink(capture.finish("proxy_error", SHUT_DOWN))
@@ -226,7 +230,8 @@ class Forwarder:
                 response.headers.get("content-type", ""),
                 response.headers.get("content-encoding"),
             )
-            await send({"type": "http.response.start", "status": response.status, "headers": resp_headers})
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": resp_headers + _turn_header(capture)})
             started = True
             status, error = await _pump(response, capture, send, self.dead_upstreams)
         except asyncio.CancelledError:
@@ -385,8 +390,13 @@ async def _answer_error(send, capture: Capture, status: int, kind: str, message:
     """Answer the client with tooltap's own JSON error, and record that as the response."""
     body = json.dumps({"error": {"type": kind, "message": message}}).encode()
     capture.response_started(status, [["content-type", "application/json"]], "application/json", None)
-    await _send_raw(send, status, [(b"content-type", b"application/json")], body)
+    await _send_raw(send, status, [(b"content-type", b"application/json")] + _turn_header(capture), body)
     capture.feed(body)
+
+
+def _turn_header(capture: Capture) -> list[tuple[bytes, bytes]]:
+    """Set only when the forwarder named the turn itself (serve --turn-header)."""
+    return [(TURN_HEADER, capture.record.uid.encode())] if capture.record.uid else []
 
 
 async def _send_raw(send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

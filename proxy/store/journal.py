@@ -62,9 +62,8 @@ Position = tuple[int, int]  # (segment number, byte offset): everything before i
 
 @dataclass
 class JournaledTurn(TurnRecord):
-    """A turn with the unique id the journal gave it: storing it twice stores it once."""
-
-    uid: str = ""
+    """A turn read back from the journal (or the spool), with the unique id it was given
+    there: storing it twice stores it once."""
 
 
 # -- frames ----------------------------------------------------------------------------
@@ -411,7 +410,7 @@ class Journal:
                 elif isinstance(item, _Mark):
                     marks.append(item)
                 elif item is not None:
-                    self._held.append((uuid.uuid4().hex, item))
+                    self._held.append((item.uid or uuid.uuid4().hex, item))
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:

@@ -80,6 +80,10 @@ class Reader:
             names = self._call_names(db, [t.id for t in turns])
             return [turn_summary(t, names.get(t.id, [])) for t in turns]
 
+    def turn_id_by_uid(self, uid: str) -> int | None:
+        with DB(self.engine) as db:
+            return db.exec(select(Turn.id).where(Turn.uid == uid)).first()
+
     def turn(self, turn_id: int) -> dict | None:
         if not known_id(turn_id):
             return None

@@ -9,26 +9,19 @@ scan on sessions.last_at), where OFFSET would walk every row before it.
 from __future__ import annotations
 
 import json
-import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import and_, exists, func, not_, or_
+from sqlalchemy import String, and_, bindparam, exists, func, not_, or_, text
 from sqlmodel import Session as DB, select
 
 from proxy.schemas.names import mcp_identity
-from proxy.store import content
-from proxy.store.models import Blob, ChainNode, Session, ToolCallRow, Turn
+from proxy.store import search
+from proxy.store.models import Session, ToolCallRow, Turn
 from proxy.store.read import Reader, session_json
 
 PAGE_SIZE = 50
-# Message text lives zlib-compressed in blobs, so searching it means inflating them. Blobs
-# are content-addressed (never change), so their text is cached; a search inflates at most
-# this many new ones and says so when it stopped early.
-SCAN_BUDGET = 20_000
-_TEXT_CACHE_MAX = 50_000
 
 
 @dataclass
@@ -52,7 +45,7 @@ class Filters:
 class Page:
     sessions: list[dict]
     next_cursor: str | None
-    search_note: str | None = None
+    search_note: str | None = None  # nothing sets it since the full-text index; kept for the API's "note"
     matched_by: dict[str, list[str]] = field(default_factory=dict)  # session id -> where q matched
 
 
@@ -89,29 +82,27 @@ class Queries:
     def __init__(self, reader: Reader):
         self.reader = reader
         self.engine = reader.engine
-        self._texts: OrderedDict[str, str] = OrderedDict()
 
     # -- sessions list -------------------------------------------------------------------
 
     def sessions_page(self, f: Filters, cursor: str | None = None, limit: int = PAGE_SIZE) -> Page:
         with DB(self.engine) as db:
-            note, matched, ids = None, {}, None
-            if f.q:
-                ids, note, matched = self._search_ids(db, f.q)
-            rows = db.exec(self.page_statement(f, cursor, limit + 1, ids)).all()
+            found = self._search(f.q) if f.q else None
+            rows = db.exec(self.page_statement(f, cursor, limit + 1, found[0] if found else None)).all()
             more = len(rows) > limit
             rows = rows[:limit]
             nxt = encode_cursor(rows[-1].last_at, rows[-1].id) if more and rows else None
             last = self._last_status(db, [s.id for s in rows])
-            return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, note,
-                        {s.id: matched[s.id] for s in rows if s.id in matched})
+            matched = self._matched_by(db, *found[1:], [s.id for s in rows]) if found else {}
+            return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, None, matched)
 
-    def page_statement(self, f: Filters, cursor: str | None, limit: int, ids: list[str] | None = None):
+    def page_statement(self, f: Filters, cursor: str | None, limit: int, found=None):
+        """`found`: a subquery of the session ids a search found (None: no search)."""
         q = select(Session)
         for cond in self._conditions(f):
             q = q.where(cond)
-        if ids is not None:
-            q = q.where(Session.id.in_(ids) if ids else False)
+        if found is not None:
+            q = q.where(Session.id.in_(select(found.c.session_id)))
         after = decode_cursor(cursor) if cursor else None
         if after:
             at, sid = after
@@ -142,59 +133,32 @@ class Queries:
             out.append(exists(call))
         return out
 
-    def _search_ids(self, db: DB, needle: str) -> tuple[list[str], str | None, dict[str, list[str]]]:
-        """Sessions whose title, tool arguments, tool results or messages contain `needle`."""
+    def _search(self, needle: str):
+        """Sessions whose title contains the terms of `needle`, or whose messages, tool arguments or
+        tool results hold its words (the full-text index, proxy/store/search.py), as a
+        subquery of session ids; and the per-place queries, for saying where a session
+        matched."""
+        terms = search.query_terms(needle)
+        indexed, params = search.session_queries(self.engine.dialect.name, terms)
+        # A title (short, one per session) is matched by substring, each term anywhere in it.
+        words = terms or [needle]
+        params.update({f"like{i}": _like(w.lower()) for i, w in enumerate(words)})
+        title = " AND ".join(f"lower(title) LIKE :like{i} ESCAPE '\\'" for i in range(len(words)))
+        places = {"title": f"SELECT id AS session_id FROM sessions WHERE {title}", **indexed}
+        union = text(" UNION ".join(places.values())).bindparams(**params).columns(session_id=String)
+        return union.subquery("found"), places, params
+
+    def _matched_by(self, db: DB, places: dict[str, str], params: dict, ids: list[str]) -> dict[str, list[str]]:
+        """Where each session of the page matched: one query per place, for these sessions only."""
         matched: dict[str, list[str]] = {}
-
-        def hit(sid: str, where: str) -> None:
-            places = matched.setdefault(sid, [])
-            if where not in places:
-                places.append(where)
-
-        plain, esc = _like(needle), _json_like(needle)
-        for sid in db.exec(select(Session.id).where(Session.title.like(plain, escape="\\"))):
-            hit(sid, "title")
-        args = select(Turn.session_id).join(ToolCallRow, ToolCallRow.turn_id == Turn.id).where(
-            or_(ToolCallRow.arguments_raw.like(plain, escape="\\"),
-                ToolCallRow.arguments_raw.like(esc, escape="\\"))).distinct()
-        for sid in db.exec(args):
-            hit(sid, "tool arguments")
-        res = select(Turn.session_id).join(ToolCallRow, ToolCallRow.turn_id == Turn.id).where(
-            func.cast(ToolCallRow.result, _text_type()).like(esc, escape="\\")).distinct()
-        for sid in db.exec(res):
-            hit(sid, "tool results")
-        note = self._search_messages(db, needle.casefold(), hit)
-        return list(matched), note, matched
-
-    def _search_messages(self, db: DB, needle: str, hit) -> str | None:
-        # Newest sessions first, so a budget cut drops the oldest.
-        rows = db.exec(
-            select(ChainNode.session_id, ChainNode.message_hash)
-            .join(Session, Session.id == ChainNode.session_id)
-            .order_by(Session.last_at.desc())
-        )
-        inflated = 0
-        started = time.monotonic()
-        for sid, h in rows:
-            text = self._texts.get(h)
-            if text is None:
-                if inflated >= SCAN_BUDGET:
-                    return (f"message search stopped after {SCAN_BUDGET} new messages "
-                            f"({time.monotonic() - started:.1f} s); older sessions matched on titles "
-                            "and tool calls only")
-                blob = db.get(Blob, h)
-                raw = "" if blob is None else content.inflate(blob.data).decode("utf-8", "replace")
-                text = _unescape_json_text(raw).casefold()
-                self._remember(h, text)
-                inflated += 1
-            if needle in text:
-                hit(sid, "messages")
-        return None
-
-    def _remember(self, h: str, text: str) -> None:
-        self._texts[h] = text
-        if len(self._texts) > _TEXT_CACHE_MAX:
-            self._texts.popitem(last=False)
+        if not ids:
+            return matched
+        for where, sql in places.items():
+            query = text(f"SELECT DISTINCT session_id FROM ({sql}) AS m WHERE session_id IN :ids").bindparams(
+                bindparam("ids", expanding=True))
+            for sid in db.execute(query, {**params, "ids": ids}).scalars():
+                matched.setdefault(sid, []).append(where)
+        return matched
 
     # -- facets for the filter form ------------------------------------------------------
 
@@ -278,12 +242,6 @@ def _tool_parts(spec: Any) -> list[tuple[str, str | None, Any]]:
     else:  # OpenAI Responses, MCP
         found = [(spec.get("name"), spec.get("description"), spec.get("parameters", spec.get("inputSchema")))]
     return [(n, d, s) for n, d, s in found if isinstance(n, str)]
-
-
-def _unescape_json_text(text: str) -> str:
-    """Stored message JSON is compact with ensure_ascii off, so only quotes, backslashes
-    and control characters are escaped; undo those so a search for a line of code hits."""
-    return text.replace("\\n", "\n").replace("\\t", "\t").replace('\\"', '"').replace("\\\\", "\\")
 
 
 def _text_type():

@@ -49,15 +49,8 @@ def database(request, tmp_path):
     def fresh():
         if request.param == "sqlite":
             engine = make_engine(f"sqlite:///{tmp_path / f'w{len(made)}.db'}")
-        else:  # a schema of its own in the test database, for each engine
-            url = postgres_url()
-            if url is None:
-                pytest.skip("no Postgres here: set TOOLTAP_TEST_POSTGRES (.ci/run does)")
-            schema = f"writer_speed_{len(made)}"
-            with make_engine(url).begin() as conn:
-                conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
-            engine = make_engine(url)
-            event.listen(engine, "connect", lambda dbapi_conn, _: _search_path(dbapi_conn, schema))
+        else:
+            engine = schema_engine(f"writer_speed_{len(made)}")
         migrate(engine)
         made.append(engine)
         return engine
@@ -65,6 +58,18 @@ def database(request, tmp_path):
     yield fresh
     for engine in made:
         engine.dispose()
+
+
+def schema_engine(schema: str):
+    """An engine on a new, empty schema of its own in the test Postgres (skips without one)."""
+    url = postgres_url()
+    if url is None:
+        pytest.skip("no Postgres here: set TOOLTAP_TEST_POSTGRES (.ci/run does)")
+    with make_engine(url).begin() as conn:
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+    engine = make_engine(url)
+    event.listen(engine, "connect", lambda dbapi_conn, _: _search_path(dbapi_conn, schema))
+    return engine
 
 
 def _search_path(dbapi_conn, schema: str) -> None:

@@ -9,6 +9,7 @@ scan on sessions.last_at), where OFFSET would walk every row before it.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -22,6 +23,7 @@ from proxy.store.models import Session, ToolCallRow, Turn
 from proxy.store.read import Reader, session_json
 
 PAGE_SIZE = 50
+FACETS_SECONDS = 30.0
 
 
 @dataclass
@@ -82,12 +84,13 @@ class Queries:
     def __init__(self, reader: Reader):
         self.reader = reader
         self.engine = reader.engine
+        self._facets: tuple[float, dict[str, list[str]]] | None = None
 
     # -- sessions list -------------------------------------------------------------------
 
     def sessions_page(self, f: Filters, cursor: str | None = None, limit: int = PAGE_SIZE) -> Page:
         with DB(self.engine) as db:
-            found = self._search(f.q) if f.q else None
+            found = self._search(db, f.q) if f.q else None
             rows = db.exec(self.page_statement(f, cursor, limit + 1, found[0] if found else None)).all()
             more = len(rows) > limit
             rows = rows[:limit]
@@ -97,12 +100,12 @@ class Queries:
             return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, None, matched)
 
     def page_statement(self, f: Filters, cursor: str | None, limit: int, found=None):
-        """`found`: a subquery of the session ids a search found (None: no search)."""
+        """`found`: the condition a search puts on sessions (None: no search)."""
         q = select(Session)
         for cond in self._conditions(f):
             q = q.where(cond)
         if found is not None:
-            q = q.where(Session.id.in_(select(found.c.session_id)))
+            q = q.where(found)
         after = decode_cursor(cursor) if cursor else None
         if after:
             at, sid = after
@@ -133,36 +136,49 @@ class Queries:
             out.append(exists(call))
         return out
 
-    def _search(self, needle: str):
-        """Sessions whose title contains the terms of `needle`, or whose messages, tool arguments or
-        tool results hold its words (the full-text index, proxy/store/search.py), as a
-        subquery of session ids; and the per-place queries, for saying where a session
-        matched."""
+    def _search(self, db: DB, needle: str) -> tuple[Any, dict[str, str], dict]:
+        """Sessions whose title holds every term of `needle` (substrings), or whose
+        messages, tool arguments or tool results hold its words (the full-text index,
+        proxy/store/search.py): a condition on `sessions`, and per place a condition
+        saying whether the session matched there, with their parameters."""
         terms = search.query_terms(needle)
-        indexed, params = search.session_queries(self.engine.dialect.name, terms)
-        # A title (short, one per session) is matched by substring, each term anywhere in it.
+        found = search.places(db.connection(), self.engine.dialect.name, terms)
         words = terms or [needle]
-        params.update({f"like{i}": _like(w.lower()) for i, w in enumerate(words)})
+        params = {**found.params, **{f"like{i}": _like(w.lower()) for i, w in enumerate(words)}}
         title = " AND ".join(f"lower(title) LIKE :like{i} ESCAPE '\\'" for i in range(len(words)))
-        places = {"title": f"SELECT id AS session_id FROM sessions WHERE {title}", **indexed}
-        union = text(" UNION ".join(places.values())).bindparams(**params).columns(session_id=String)
-        return union.subquery("found"), places, params
+        where = {"title": title, **found.exists}
+        if found.common:  # most sessions match: walk them newest first, each looked up in the index
+            condition = text("(" + " OR ".join(where.values()) + ")").bindparams(**params)
+        else:  # few match: find them all in the index first
+            union = " UNION ".join([f"SELECT id AS session_id FROM sessions WHERE {title}", *found.matches.values()])
+            condition = Session.id.in_(select(text(union).bindparams(**params).columns(session_id=String)
+                                              .subquery("found").c.session_id))
+        return condition, where, params
 
-    def _matched_by(self, db: DB, places: dict[str, str], params: dict, ids: list[str]) -> dict[str, list[str]]:
+    def _matched_by(self, db: DB, where: dict[str, str], params: dict, ids: list[str]) -> dict[str, list[str]]:
         """Where each session of the page matched: one query per place, for these sessions only."""
         matched: dict[str, list[str]] = {}
         if not ids:
             return matched
-        for where, sql in places.items():
-            query = text(f"SELECT DISTINCT session_id FROM ({sql}) AS m WHERE session_id IN :ids").bindparams(
+        for place, condition in where.items():
+            query = text(f"SELECT id FROM sessions WHERE id IN :ids AND {condition}").bindparams(
                 bindparam("ids", expanding=True))
             for sid in db.execute(query, {**params, "ids": ids}).scalars():
-                matched.setdefault(sid, []).append(where)
+                matched.setdefault(sid, []).append(place)
         return matched
 
     # -- facets for the filter form ------------------------------------------------------
 
     def facets(self) -> dict[str, list[str]]:
+        """The filter form's choices. Each is a DISTINCT over every turn or tool call
+        (seconds at a million turns), so they are worked out at most every FACETS_SECONDS:
+        a model or tool seen for the first time joins the lists that much later."""
+        now = time.monotonic()
+        if self._facets is None or now - self._facets[0] > FACETS_SECONDS:
+            self._facets = (now, self._facets_now())
+        return self._facets[1]
+
+    def _facets_now(self) -> dict[str, list[str]]:
         with DB(self.engine) as db:
             models = [m for m in db.exec(select(Turn.model).where(Turn.model.is_not(None)).distinct())]
             servers = sorted({s for s in db.exec(

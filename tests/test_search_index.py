@@ -97,7 +97,11 @@ def found(engine, q: str) -> dict[str, list[str]]:
     return {s["title"]: page.matched_by.get(s["id"], []) for s in page.sessions}
 
 
-def test_identifiers_paths_and_phrases_are_found_where_they_are(engine_at):
+@pytest.mark.parametrize("common", [False, True])
+def test_identifiers_paths_and_phrases_are_found_where_they_are(engine_at, monkeypatch, common):
+    """`common`: as a query that matches much is run (sessions newest first, each looked up)."""
+    if common:
+        monkeypatch.setattr(search, "COMMON", 1)
     engine = engine_at()
     store = Store(engine)
     store.batch(coding_session(1_700_000_000))

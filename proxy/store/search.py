@@ -36,6 +36,7 @@ phrase, and every term must match. User text never reaches the FTS syntax as syn
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -152,33 +153,75 @@ def fts5_query(terms: list[str]) -> str:
     return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-# Per place, in the order the inspector names them.
-
+# Per place, in the order the inspector names them: SQL giving the session_id of every
+# match (for a query that matches little: the index first, then the sessions) and SQL
+# saying whether the session `sessions.id` matches (for a query that matches much: the
+# newest sessions first, each looked up in the index, until a page is full).
 _SQLITE = {
-    "tool arguments": "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-                      "WHERE c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts)",
-    "tool results": "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-                    "WHERE c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts)",
-    "messages": "SELECT cn.session_id FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
-                "WHERE m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts)",
+    "tool arguments": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
+        "WHERE c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts)",
+        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id JOIN search_tool_args f "
+        "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_args MATCH :fts)"),
+    "tool results": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
+        "WHERE c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts)",
+        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id JOIN search_tool_results f "
+        "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_results MATCH :fts)"),
+    "messages": (
+        "SELECT cn.session_id FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
+        "WHERE m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts)",
+        "EXISTS (SELECT 1 FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
+        "JOIN search_messages_fts f ON f.rowid = m.id "
+        "WHERE cn.session_id = sessions.id AND search_messages_fts MATCH :fts)"),
 }
 _POSTGRES = {
-    "tool arguments": "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-                      "WHERE c.search_args @@ {q}",
-    "tool results": "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-                    "WHERE c.search_result @@ {q}",
-    "messages": "SELECT cn.session_id FROM chain_nodes cn WHERE cn.message_hash IN "
-                "(SELECT blob_hash FROM search_messages WHERE body @@ {q})",
+    "tool arguments": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.search_args @@ {q}",
+        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
+        "WHERE t.session_id = sessions.id AND c.search_args @@ {q})"),
+    "tool results": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.search_result @@ {q}",
+        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
+        "WHERE t.session_id = sessions.id AND c.search_result @@ {q})"),
+    "messages": (
+        "SELECT cn.session_id FROM chain_nodes cn WHERE cn.message_hash IN "
+        "(SELECT blob_hash FROM search_messages WHERE body @@ {q})",
+        "EXISTS (SELECT 1 FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
+        "WHERE cn.session_id = sessions.id AND m.body @@ {q})"),
 }
+# Matches counted, at most, to choose between the two.
+COMMON = 20_000
+_SQLITE_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages_fts WHERE search_messages_fts MATCH :fts "
+                 "UNION ALL SELECT 1 FROM search_tool_args WHERE search_tool_args MATCH :fts "
+                 "UNION ALL SELECT 1 FROM search_tool_results WHERE search_tool_results MATCH :fts LIMIT :cap)")
+_POSTGRES_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages WHERE body @@ {q} "
+                   "UNION ALL SELECT 1 FROM tool_calls WHERE search_args @@ {q} "
+                   "UNION ALL SELECT 1 FROM tool_calls WHERE search_result @@ {q} LIMIT :cap) AS n")
 
 
-def session_queries(dialect: str, terms: list[str]) -> tuple[dict[str, str], dict[str, Any]]:
-    """Per place (KINDS), SQL selecting the session_id of each match (repeats and all),
-    and its parameters. No terms: nothing to look for, so no queries."""
+@dataclass
+class Places:
+    """The SQL of a search, per place (`matches`, `exists`), its parameters, and whether
+    it matches so much that the sessions are better walked newest first (`common`)."""
+
+    matches: dict[str, str]
+    exists: dict[str, str]
+    params: dict[str, Any]
+    common: bool = False
+
+
+def places(conn, dialect: str, terms: list[str]) -> Places:
+    """The search for `terms` (none: nothing to look for, no places)."""
     if not terms:
-        return {}, {}
+        return Places({}, {}, {})
     if dialect == "postgresql":
-        params = {f"t{i}": t for i, t in enumerate(terms)}
+        params: dict[str, Any] = {f"t{i}": t for i, t in enumerate(terms)}
         q = "(" + " && ".join(f"tooltap_search_phrase(:t{i})" for i in range(len(terms))) + ")"
-        return {k: sql.format(q=q) for k, sql in _POSTGRES.items()}, params
-    return dict(_SQLITE), {"fts": fts5_query(terms)}
+        sql = {k: (a.format(q=q), b.format(q=q)) for k, (a, b) in _POSTGRES.items()}
+        count = _POSTGRES_COUNT.format(q=q)
+    else:
+        params, sql, count = {"fts": fts5_query(terms)}, _SQLITE, _SQLITE_COUNT
+    found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params)
+    found.common = conn.execute(text(count), {**params, "cap": COMMON}).scalar() >= COMMON
+    return found

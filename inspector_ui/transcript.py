@@ -17,7 +17,8 @@ from sqlmodel import Session as DB, select
 
 from proxy import apis
 from proxy.agents import transcript
-from proxy.store.models import ChainNode, ToolCallRow, Turn
+from proxy.store import content
+from proxy.store.models import Blob, ChainNode, ToolCallRow, Turn
 from proxy.store.read import CHAIN_QUERY, Reader, session_json, tool_call_json, turn_summary
 
 from .mcp_pages import marks as mcp_marks, turn_links as mcp_links
@@ -39,6 +40,10 @@ def session_view(reader: Reader, session_id: str) -> dict | None:
         children: dict[int | None, list[int]] = {}
         views, last_system = [], None
         chains = Chains(db, session_id)
+        # The session's messages in one query (one db.get per message took most of the page).
+        for h, data in db.exec(select(Blob.hash, Blob.data).where(Blob.hash.in_(
+                select(ChainNode.message_hash).where(ChainNode.session_id == session_id)))):
+            blobs[h] = content.unpack(data)
         for t in turns:
             children.setdefault(t.parent_id, []).append(t.id)
             v = turn_view(db, reader, t, calls.get(t.id, []), by_id.get(t.parent_id), blobs, chains)

@@ -156,23 +156,25 @@ def fts5_query(terms: list[str]) -> str:
 # Per place, in the order the inspector names them: SQL giving the session_id of every
 # match (for a query that matches little: the index first, then the sessions) and SQL
 # saying whether the session `sessions.id` matches (for a query that matches much: the
-# newest sessions first, each looked up in the index, until a page is full).
+# newest sessions first, each looked up in the index, until a page is full). SQLite's
+# CROSS JOIN fixes the join order: left alone, the planner scanned the whole FTS match
+# once per session.
 _SQLITE = {
     "tool arguments": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
         "WHERE c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts)",
-        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id JOIN search_tool_args f "
+        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id CROSS JOIN search_tool_args f "
         "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_args MATCH :fts)"),
     "tool results": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
         "WHERE c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts)",
-        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id JOIN search_tool_results f "
+        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id CROSS JOIN search_tool_results f "
         "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_results MATCH :fts)"),
     "messages": (
         "SELECT cn.session_id FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
         "WHERE m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts)",
-        "EXISTS (SELECT 1 FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
-        "JOIN search_messages_fts f ON f.rowid = m.id "
+        "EXISTS (SELECT 1 FROM chain_nodes cn CROSS JOIN search_messages m ON m.blob_hash = cn.message_hash "
+        "CROSS JOIN search_messages_fts f ON f.rowid = m.id "
         "WHERE cn.session_id = sessions.id AND search_messages_fts MATCH :fts)"),
 }
 _POSTGRES = {

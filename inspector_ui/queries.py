@@ -146,10 +146,11 @@ class Queries:
         words = terms or [needle]
         params = {**found.params, **{f"like{i}": _like(w.lower()) for i, w in enumerate(words)}}
         title = " AND ".join(f"lower(title) LIKE :like{i} ESCAPE '\\'" for i in range(len(words)))
-        where = {"title": title, **found.exists}
         if found.common:  # most sessions match: walk them newest first, each looked up in the index
+            where = {"title": title, **found.exists}
             condition = text("(" + " OR ".join(where.values()) + ")").bindparams(**params)
         else:  # few match: find them all in the index first
+            where = {"title": title, **{k: f"id IN ({sql})" for k, sql in found.matches.items()}}
             union = " UNION ".join([f"SELECT id AS session_id FROM sessions WHERE {title}", *found.matches.values()])
             condition = Session.id.in_(select(text(union).bindparams(**params).columns(session_id=String)
                                               .subquery("found").c.session_id))

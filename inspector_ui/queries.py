@@ -10,25 +10,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import and_, exists, func, not_, or_
+from sqlalchemy import String, and_, bindparam, exists, func, not_, or_, text
 from sqlmodel import Session as DB, select
 
 from proxy.schemas.names import mcp_identity
-from proxy.store import content
-from proxy.store.models import Blob, ChainNode, Session, ToolCallRow, Turn
+from proxy.store import search
+from proxy.store.models import Session, ToolCallRow, Turn
 from proxy.store.read import Reader, session_json
 
 PAGE_SIZE = 50
-# Message text lives zlib-compressed in blobs, so searching it means inflating them. Blobs
-# are content-addressed (never change), so their text is cached; a search inflates at most
-# this many new ones and says so when it stopped early.
-SCAN_BUDGET = 20_000
-_TEXT_CACHE_MAX = 50_000
+FACETS_SECONDS = 30.0
 
 
 @dataclass
@@ -52,7 +47,7 @@ class Filters:
 class Page:
     sessions: list[dict]
     next_cursor: str | None
-    search_note: str | None = None
+    search_note: str | None = None  # nothing sets it since the full-text index; kept for the API's "note"
     matched_by: dict[str, list[str]] = field(default_factory=dict)  # session id -> where q matched
 
 
@@ -89,29 +84,28 @@ class Queries:
     def __init__(self, reader: Reader):
         self.reader = reader
         self.engine = reader.engine
-        self._texts: OrderedDict[str, str] = OrderedDict()
+        self._facets: tuple[float, dict[str, list[str]]] | None = None
 
     # -- sessions list -------------------------------------------------------------------
 
     def sessions_page(self, f: Filters, cursor: str | None = None, limit: int = PAGE_SIZE) -> Page:
         with DB(self.engine) as db:
-            note, matched, ids = None, {}, None
-            if f.q:
-                ids, note, matched = self._search_ids(db, f.q)
-            rows = db.exec(self.page_statement(f, cursor, limit + 1, ids)).all()
+            found = self._search(db, f.q) if f.q else None
+            rows = db.exec(self.page_statement(f, cursor, limit + 1, found[0] if found else None)).all()
             more = len(rows) > limit
             rows = rows[:limit]
             nxt = encode_cursor(rows[-1].last_at, rows[-1].id) if more and rows else None
             last = self._last_status(db, [s.id for s in rows])
-            return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, note,
-                        {s.id: matched[s.id] for s in rows if s.id in matched})
+            matched = self._matched_by(db, *found[1:], [s.id for s in rows]) if found else {}
+            return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, None, matched)
 
-    def page_statement(self, f: Filters, cursor: str | None, limit: int, ids: list[str] | None = None):
+    def page_statement(self, f: Filters, cursor: str | None, limit: int, found=None):
+        """`found`: the condition a search puts on sessions (None: no search)."""
         q = select(Session)
         for cond in self._conditions(f):
             q = q.where(cond)
-        if ids is not None:
-            q = q.where(Session.id.in_(ids) if ids else False)
+        if found is not None:
+            q = q.where(found)
         after = decode_cursor(cursor) if cursor else None
         if after:
             at, sid = after
@@ -142,63 +136,50 @@ class Queries:
             out.append(exists(call))
         return out
 
-    def _search_ids(self, db: DB, needle: str) -> tuple[list[str], str | None, dict[str, list[str]]]:
-        """Sessions whose title, tool arguments, tool results or messages contain `needle`."""
+    def _search(self, db: DB, needle: str) -> tuple[Any, dict[str, str], dict]:
+        """Sessions whose title holds every term of `needle` (substrings), or whose
+        messages, tool arguments or tool results hold its words (the full-text index,
+        proxy/store/search.py): a condition on `sessions`, and per place a condition
+        saying whether the session matched there, with their parameters."""
+        terms = search.query_terms(needle)
+        found = search.places(db.connection(), self.engine.dialect.name, terms)
+        words = terms or [needle]
+        params = {**found.params, **{f"like{i}": _like(w.lower()) for i, w in enumerate(words)}}
+        title = " AND ".join(f"lower(title) LIKE :like{i} ESCAPE '\\'" for i in range(len(words)))
+        if found.common:  # most sessions match: walk them newest first, each looked up in the index
+            where = {"title": title, **found.exists}
+            condition = text("(" + " OR ".join(where.values()) + ")").bindparams(**params)
+        else:  # few match: find them all in the index first
+            where = {"title": title, **{k: f"id IN ({sql})" for k, sql in found.matches.items()}}
+            union = " UNION ".join([f"SELECT id AS session_id FROM sessions WHERE {title}", *found.matches.values()])
+            condition = Session.id.in_(select(text(union).bindparams(**params).columns(session_id=String)
+                                              .subquery("found").c.session_id))
+        return condition, where, params
+
+    def _matched_by(self, db: DB, where: dict[str, str], params: dict, ids: list[str]) -> dict[str, list[str]]:
+        """Where each session of the page matched: one query per place, for these sessions only."""
         matched: dict[str, list[str]] = {}
-
-        def hit(sid: str, where: str) -> None:
-            places = matched.setdefault(sid, [])
-            if where not in places:
-                places.append(where)
-
-        plain, esc = _like(needle), _json_like(needle)
-        for sid in db.exec(select(Session.id).where(Session.title.like(plain, escape="\\"))):
-            hit(sid, "title")
-        args = select(Turn.session_id).join(ToolCallRow, ToolCallRow.turn_id == Turn.id).where(
-            or_(ToolCallRow.arguments_raw.like(plain, escape="\\"),
-                ToolCallRow.arguments_raw.like(esc, escape="\\"))).distinct()
-        for sid in db.exec(args):
-            hit(sid, "tool arguments")
-        res = select(Turn.session_id).join(ToolCallRow, ToolCallRow.turn_id == Turn.id).where(
-            func.cast(ToolCallRow.result, _text_type()).like(esc, escape="\\")).distinct()
-        for sid in db.exec(res):
-            hit(sid, "tool results")
-        note = self._search_messages(db, needle.casefold(), hit)
-        return list(matched), note, matched
-
-    def _search_messages(self, db: DB, needle: str, hit) -> str | None:
-        # Newest sessions first, so a budget cut drops the oldest.
-        rows = db.exec(
-            select(ChainNode.session_id, ChainNode.message_hash)
-            .join(Session, Session.id == ChainNode.session_id)
-            .order_by(Session.last_at.desc())
-        )
-        inflated = 0
-        started = time.monotonic()
-        for sid, h in rows:
-            text = self._texts.get(h)
-            if text is None:
-                if inflated >= SCAN_BUDGET:
-                    return (f"message search stopped after {SCAN_BUDGET} new messages "
-                            f"({time.monotonic() - started:.1f} s); older sessions matched on titles "
-                            "and tool calls only")
-                blob = db.get(Blob, h)
-                raw = "" if blob is None else content.inflate(blob.data).decode("utf-8", "replace")
-                text = _unescape_json_text(raw).casefold()
-                self._remember(h, text)
-                inflated += 1
-            if needle in text:
-                hit(sid, "messages")
-        return None
-
-    def _remember(self, h: str, text: str) -> None:
-        self._texts[h] = text
-        if len(self._texts) > _TEXT_CACHE_MAX:
-            self._texts.popitem(last=False)
+        if not ids:
+            return matched
+        for place, condition in where.items():
+            query = text(f"SELECT id FROM sessions WHERE id IN :ids AND {condition}").bindparams(
+                bindparam("ids", expanding=True))
+            for sid in db.execute(query, {**params, "ids": ids}).scalars():
+                matched.setdefault(sid, []).append(place)
+        return matched
 
     # -- facets for the filter form ------------------------------------------------------
 
     def facets(self) -> dict[str, list[str]]:
+        """The filter form's choices. Each is a DISTINCT over every turn or tool call
+        (seconds at a million turns), so they are worked out at most every FACETS_SECONDS:
+        a model or tool seen for the first time joins the lists that much later."""
+        now = time.monotonic()
+        if self._facets is None or now - self._facets[0] > FACETS_SECONDS:
+            self._facets = (now, self._facets_now())
+        return self._facets[1]
+
+    def _facets_now(self) -> dict[str, list[str]]:
         with DB(self.engine) as db:
             models = [m for m in db.exec(select(Turn.model).where(Turn.model.is_not(None)).distinct())]
             servers = sorted({s for s in db.exec(
@@ -278,12 +259,6 @@ def _tool_parts(spec: Any) -> list[tuple[str, str | None, Any]]:
     else:  # OpenAI Responses, MCP
         found = [(spec.get("name"), spec.get("description"), spec.get("parameters", spec.get("inputSchema")))]
     return [(n, d, s) for n, d, s in found if isinstance(n, str)]
-
-
-def _unescape_json_text(text: str) -> str:
-    """Stored message JSON is compact with ensure_ascii off, so only quotes, backslashes
-    and control characters are escaped; undo those so a search for a line of code hits."""
-    return text.replace("\\n", "\n").replace("\\t", "\t").replace('\\"', '"').replace("\\\\", "\\")
 
 
 def _text_type():

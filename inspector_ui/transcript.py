@@ -17,7 +17,8 @@ from sqlmodel import Session as DB, select
 
 from proxy import apis
 from proxy.agents import transcript
-from proxy.store.models import ToolCallRow, Turn
+from proxy.store import content
+from proxy.store.models import Blob, ChainNode, ToolCallRow, Turn
 from proxy.store.read import CHAIN_QUERY, Reader, session_json, tool_call_json, turn_summary
 
 from .mcp_pages import marks as mcp_marks, turn_links as mcp_links
@@ -38,9 +39,14 @@ def session_view(reader: Reader, session_id: str) -> dict | None:
         by_id = {t.id: t for t in turns}
         children: dict[int | None, list[int]] = {}
         views, last_system = [], None
+        chains = Chains(db, session_id)
+        # The session's messages in one query (one db.get per message took most of the page).
+        for h, data in db.exec(select(Blob.hash, Blob.data).where(Blob.hash.in_(
+                select(ChainNode.message_hash).where(ChainNode.session_id == session_id)))):
+            blobs[h] = content.unpack(data)
         for t in turns:
             children.setdefault(t.parent_id, []).append(t.id)
-            v = turn_view(db, reader, t, calls.get(t.id, []), by_id.get(t.parent_id), blobs)
+            v = turn_view(db, reader, t, calls.get(t.id, []), by_id.get(t.parent_id), blobs, chains)
             sys_hash = v["system"]["hash"] if v["system"] else None
             if v["system"]:
                 v["system"]["first"] = last_system is None
@@ -90,6 +96,35 @@ def _chain(db: DB, t: Turn) -> list[str]:
     return [] if t.chain_hash is None else [r[0] for r in db.exec(CHAIN_QUERY, params={"h": t.chain_hash})]
 
 
+class Chains:
+    """The message hashes of each turn's request, for a whole session page: the session's
+    chain nodes are read in one query, and a turn's list is its parent's plus the few
+    nodes after it. (A query per turn walked the whole chain each time: n² node visits,
+    seconds for a 500-turn session.) A node of another session (a fork) is walked to by
+    the recursive query from there."""
+
+    def __init__(self, db: DB, session_id: str):
+        self.db = db
+        self.nodes = {h: (parent, m) for h, parent, m in db.exec(
+            select(ChainNode.hash, ChainNode.parent, ChainNode.message_hash).where(ChainNode.session_id == session_id))}
+        self.known: dict[str, list[str]] = {}
+
+    def __call__(self, t: Turn) -> list[str]:
+        if t.chain_hash is None:
+            return []
+        walked, h = [], t.chain_hash
+        while h is not None and h not in self.known:
+            node = self.nodes.get(h)
+            if node is None:  # outside the session: the rest of the way in SQL
+                self.known[h] = [r[0] for r in self.db.exec(CHAIN_QUERY, params={"h": h})]
+                break
+            walked.append(node[1])
+            h = node[0]
+        out = (self.known[h] if h is not None else []) + walked[::-1]
+        self.known[t.chain_hash] = out
+        return out
+
+
 def _branch(t: Turn, siblings: list[int]) -> dict | None:
     """A turn whose parent already had an earlier child is a retry or an edit."""
     if t.parent_id is None or len(siblings) < 2:
@@ -99,7 +134,7 @@ def _branch(t: Turn, siblings: list[int]) -> dict | None:
 
 
 def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn | None,
-              blobs: dict[str, Any]) -> dict:
+              blobs: dict[str, Any], chains: Chains | None = None) -> dict:
     def blob(h: str) -> Any:
         if h not in blobs:
             blobs[h] = reader.blob(db, h)
@@ -107,7 +142,7 @@ def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn |
 
     api = apis.by_name(t.api)
     summary = turn_summary(t, [c["name"] for c in calls])
-    hashes = _chain(db, t)
+    hashes = chains(t) if chains is not None else _chain(db, t)
     system = _system(db, reader, t, hashes, blobs)
     start = parent.message_count if parent is not None and parent.message_count <= len(hashes) else 0
     new_hashes = [h for h in hashes[start:] if not (system and h == system["hash"])]

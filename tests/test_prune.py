@@ -215,10 +215,12 @@ def test_a_file_made_before_prune_is_vacuumed_once_then_in_steps(tmp_path):
     writer.close()
     engine = make_engine(url)
     first = prune(engine, 3.5 * DAY)
-    assert (first.turns, first.vacuum) == (3, "full") and first.size_after < first.size_before * 0.7
+    # The file gives back (nearly) what the pruned turns held, whatever else it holds.
+    freed = lambda r: (r.size_before - r.size_after) / (r.blob_bytes + r.turn_bytes)  # noqa: E731
+    assert (first.turns, first.vacuum) == (3, "full") and freed(first) > 0.8, first
     assert sql(db, "PRAGMA auto_vacuum")[0][0] == 2  # incremental from now on
     second = prune(engine, 1.5 * DAY)
-    assert (second.turns, second.vacuum) == (2, "incremental") and second.size_after < second.size_before * 0.7
+    assert (second.turns, second.vacuum) == (2, "incremental") and freed(second) > 0.8, second
     engine.dispose()
 
 

@@ -10,11 +10,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from alembic import command
 from sqlalchemy import create_engine, text
 
 from proxy.har.export import session_har
 from proxy.har.load import import_har, records, store
-from proxy.store.db import open_database
+from proxy.store.db import alembic_config, open_database
 from proxy.store.read import Reader
 from tests.cline_db import recorded_cline_db
 from tests.conftest import postgres_url
@@ -105,14 +106,17 @@ def test_an_older_database_gets_the_readable_reply_on_upgrade(cline, tmp_path):
     copy = tmp_path / "old.db"
     with sqlite3.connect(db) as source, sqlite3.connect(copy) as conn:
         source.backup(conn)  # the file and its write-ahead log
+    # The migrations after 0005 undo themselves; 0005 is undone by hand below.
+    engine = create_engine(f"sqlite:///{copy}")
+    with engine.begin() as conn:
+        cfg = alembic_config(f"sqlite:///{copy}")
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0005")
+    engine.dispose()
     with sqlite3.connect(copy) as conn:
         for view in ("turns_v", "tool_calls_v", "sessions_v"):
             conn.execute(f"drop view {view}")
         conn.execute("alter table turns drop column response_text")
-        conn.execute("drop index if exists ix_chain_nodes_parent")  # added by 0006, after 0005
-        conn.execute("drop table store_epoch")  # 0007
-        conn.execute("drop index ix_turns_system_hash")
-        conn.execute("drop index ix_chain_nodes_message_hash")
         conn.execute("update alembic_version set version_num = '0004'")
     open_database(f"sqlite:///{copy}").dispose()
     texts = sqlite3.connect(copy).execute("select response_text from turns_v order by id").fetchall()

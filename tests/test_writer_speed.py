@@ -50,8 +50,7 @@ def database(request, tmp_path):
         if request.param == "sqlite":
             engine = make_engine(f"sqlite:///{tmp_path / f'w{len(made)}.db'}")
         else:  # a schema of its own in the test database, for each engine
-            schema = f"writer_speed_{len(made)}"
-            engine = in_schema(make_engine(postgres_schema(schema)), schema)
+            engine = schema_engine(f"writer_speed_{len(made)}")
         migrate(engine)
         made.append(engine)
         return engine
@@ -59,6 +58,11 @@ def database(request, tmp_path):
     yield fresh
     for engine in made:
         engine.dispose()
+
+
+def schema_engine(schema: str):
+    """An engine on a new, empty schema of its own in the test Postgres (skips without one)."""
+    return in_schema(make_engine(postgres_schema(schema)), schema)
 
 
 class Store:

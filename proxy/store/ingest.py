@@ -30,7 +30,7 @@ from sqlmodel import Session as DB
 
 from .. import apis
 from ..capture import TurnRecord, assemble, decompress
-from . import content
+from . import content, search
 from .db import PRUNE_LOCK
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
 from .readable import reply_text
@@ -97,6 +97,7 @@ class Ingestor:
         self._known: set[str] = set()  # blob and chain hashes written by this process
         self._epoch: int | None = None  # store_epoch when _known was last checked
         self._blobs: dict[str, bytes] = {}  # new blobs of the batch being built
+        self._messages: dict[str, Any] = {}  # the messages among them, for the search index
         self._requests = Requests()  # recent requests: a resent history is not parsed again
         # Built once: building a statement costs more than running it.
         self._blob_stmt = self._insert(Blob.__table__).on_conflict_do_nothing(index_elements=["hash"])
@@ -254,6 +255,9 @@ class Ingestor:
         turn.message_count = len(messages) - lead
         earlier = base.hashes if base is not None else ()
         hashes = [self._blob(m, earlier[i] if i < reused else None) for i, m in enumerate(messages) if i >= lead]
+        for h, m in zip(hashes, messages[lead:]):
+            if h in self._blobs:  # new to this writer: index it with the batch
+                self._messages[h] = m
         if parsed.prefix is not None:
             parsed.prefix.hashes = [None] * lead + hashes
             parsed.prefix.lead, parsed.prefix.system_hash = lead, turn.system_hash if lead else None
@@ -282,6 +286,8 @@ class Ingestor:
         if blobs:
             conn.execute(self._blob_stmt, [{"hash": h, "data": blobs[h]} for h in sorted(blobs)])
             self._remember(blobs)
+        messages, self._messages = self._messages, {}
+        search.index_messages(conn, self.dialect, messages)
 
         placer = Placer(conn, self.dialect)
         placements = placer.place_all([(it.chain, it.hint) for it in items])

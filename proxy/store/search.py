@@ -1,0 +1,229 @@
+"""The full-text index over messages, tool call arguments and tool results (migration 0008).
+
+What is indexed, and where it lives:
+
+- Messages: one index entry per distinct message blob (blobs are content-addressed, so
+  a history resent on every turn is indexed once); a hit reaches its sessions through
+  chain_nodes.message_hash. The writer indexes the message blobs that are new in each
+  batch, in the batch's transaction (`index_messages`). The blob is zlib JSON, so the
+  index holds words of its own: on SQLite the FTS5 table `search_messages_fts` is
+  contentless (content=''; only the index, no second copy of the text), its rowid the
+  id of a `search_messages` row naming the blob; on Postgres `search_messages` holds
+  the blob's tsvector itself, under a GIN index.
+- Tool calls: arguments and results are columns of tool_calls, so the database keeps
+  their index up to date by itself, whatever writes them (the writer, the decoders
+  that fill in results later, `tooltap redecode`): on SQLite triggers feed the
+  contentless FTS5 tables `search_tool_args` / `search_tool_results` (rowid =
+  tool_calls.id); on Postgres they are stored generated tsvector columns with GIN
+  indexes.
+
+The text indexed is the JSON's values (strings, numbers), decoded: a newline inside a
+string must not glue two words together, and an escaped non-ASCII character must be
+the character. At most INDEX_CHARS characters of a value are indexed (a 20 MB file in
+a tool result is not: Postgres refuses a tsvector over 1 MB, and the writer must stay
+fast). Words are what SQLite's unicode61 tokenizer makes of the text: runs of letters
+and digits; on Postgres ASCII punctuation is turned into spaces first, so both
+dialects split `read_file`, `src/app.py` and `-77.0369` the same way. Postgres uses
+the 'simple' configuration: no stemming, no stop words, as code needs.
+
+A query is the user's words taken as phrases (`query_terms`): `read_file` is the
+phrase "read file", a path is the phrase of its parts, text in double quotes is one
+phrase, and every term must match. User text never reaches the FTS syntax as syntax
+(it is always inside a quoted FTS5 string, or given to phraseto_tsquery), so quotes,
+`*`, `-`, NEAR, AND or parentheses cannot raise a syntax error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, text
+
+INDEX_CHARS = 256 * 1024
+_BASE64ISH = 1000  # a string this long without a space is data (an image), not words
+
+# SQLite: what a JSON column contributes to the index, as an SQL expression (triggers).
+# Not JSON (a model's broken arguments): the text as it is.
+
+
+def sqlite_json_words(column: str) -> str:
+    return (f"substr(CASE WHEN json_valid({column}) THEN (SELECT group_concat(atom, ' ') FROM json_tree({column}) "
+            f"WHERE atom IS NOT NULL) ELSE {column} END, 1, {INDEX_CHARS})")
+
+
+# Postgres: the same, as functions the generated columns and the queries call.
+POSTGRES_FUNCTIONS = f"""
+CREATE FUNCTION tooltap_json_text(doc text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  RETURN (SELECT string_agg(v #>> '{{}}', ' ') FROM jsonb_path_query(doc::jsonb, 'strict $.**') AS v
+          WHERE jsonb_typeof(v) IN ('string', 'number', 'boolean'));
+EXCEPTION WHEN others THEN
+  RETURN doc;  -- not JSON, or JSON jsonb refuses (a \\u0000 escape): the text as it is
+END $$;
+CREATE FUNCTION tooltap_search_words(doc text) RETURNS tsvector
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT to_tsvector('simple', regexp_replace(left(doc, {INDEX_CHARS}), '[!-/:-@[-`{{-~[:space:]]+', ' ', 'g'))
+$$;
+CREATE FUNCTION tooltap_search_phrase(words text) RETURNS tsquery
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT phraseto_tsquery('simple', regexp_replace(words, '[!-/:-@[-`{{-~[:space:]]+', ' ', 'g'))
+$$;
+"""
+POSTGRES_DROP_FUNCTIONS = """
+DROP FUNCTION IF EXISTS tooltap_search_phrase(text);
+DROP FUNCTION IF EXISTS tooltap_search_words(text);
+DROP FUNCTION IF EXISTS tooltap_json_text(text);
+"""
+
+
+def message_text(value: Any) -> str:
+    """The words of a message: its string and number values, in order, up to INDEX_CHARS."""
+    out: list[str] = []
+    size = 0
+    stack = [value]
+    while stack and size < INDEX_CHARS:
+        v = stack.pop()
+        if isinstance(v, str):
+            if len(v) >= _BASE64ISH and " " not in v[:_BASE64ISH]:
+                continue
+            out.append(v)
+            size += len(v) + 1
+        elif isinstance(v, dict):
+            stack.extend(reversed(list(v.values())))
+        elif isinstance(v, list):
+            stack.extend(reversed(v))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(str(v))
+            size += 8
+    return "\n".join(out)[:INDEX_CHARS]
+
+
+# -- writing -------------------------------------------------------------------------------
+
+_SQLITE_KNOWN = text("SELECT blob_hash FROM search_messages WHERE blob_hash IN :hashes").bindparams(
+    bindparam("hashes", expanding=True))
+_SQLITE_NAME = text("INSERT INTO search_messages (blob_hash) VALUES (:h)")
+_SQLITE_WORDS = text("INSERT INTO search_messages_fts (rowid, body) "
+                     "VALUES ((SELECT id FROM search_messages WHERE blob_hash = :h), :body)")
+_POSTGRES_MESSAGES = text("INSERT INTO search_messages (blob_hash, body) VALUES (:h, tooltap_search_words(:body)) "
+                          "ON CONFLICT (blob_hash) DO NOTHING")
+
+
+def index_messages(conn, dialect: str, messages: dict[str, Any]) -> None:
+    """Index message blobs (hash -> the message value) not indexed yet, in the caller's
+    transaction. Another writer may have stored (and indexed) some of them already."""
+    if not messages:
+        return
+    hashes = sorted(messages)
+    if dialect == "postgresql":
+        conn.execute(_POSTGRES_MESSAGES, [{"h": h, "body": message_text(messages[h])} for h in hashes])
+        return
+    # SQLite: the writer holds the database's write lock (BEGIN IMMEDIATE), so what is
+    # not there now is ours to add.
+    known = set(conn.execute(_SQLITE_KNOWN, {"hashes": hashes}).scalars())
+    new = [h for h in hashes if h not in known]
+    if new:
+        conn.execute(_SQLITE_NAME, [{"h": h} for h in new])
+        conn.execute(_SQLITE_WORDS, [{"h": h, "body": message_text(messages[h])} for h in new])
+
+
+# -- querying ------------------------------------------------------------------------------
+
+_TERM = re.compile(r'"([^"]*)"|(\S+)')
+MAX_TERMS = 16
+
+
+def query_terms(q: str) -> list[str]:
+    """The user's query as phrases: quoted text is one phrase, every other run of
+    non-space characters another; terms without a letter or digit are dropped (they
+    hold no word to look for). A stray quote is just a character."""
+    terms = []
+    for quoted, bare in _TERM.findall(q or ""):
+        term = (quoted if quoted else bare).strip()
+        if any(ch.isalnum() for ch in term):
+            terms.append(term)
+    return terms[:MAX_TERMS]
+
+
+def fts5_query(terms: list[str]) -> str:
+    """An FTS5 query: each term one quoted string (a phrase of its words), all required."""
+    return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+# Per place, in the order the inspector names them: SQL giving the session_id of every
+# match (for a query that matches little: the index first, then the sessions) and SQL
+# saying whether the session `sessions.id` matches (for a query that matches much: the
+# newest sessions first, each looked up in the index, until a page is full). SQLite's
+# CROSS JOIN fixes the join order: left alone, the planner scanned the whole FTS match
+# once per session.
+_SQLITE = {
+    "tool arguments": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
+        "WHERE c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts)",
+        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id CROSS JOIN search_tool_args f "
+        "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_args MATCH :fts)"),
+    "tool results": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
+        "WHERE c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts)",
+        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id CROSS JOIN search_tool_results f "
+        "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_results MATCH :fts)"),
+    "messages": (
+        "SELECT cn.session_id FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
+        "WHERE m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts)",
+        "EXISTS (SELECT 1 FROM chain_nodes cn CROSS JOIN search_messages m ON m.blob_hash = cn.message_hash "
+        "CROSS JOIN search_messages_fts f ON f.rowid = m.id "
+        "WHERE cn.session_id = sessions.id AND search_messages_fts MATCH :fts)"),
+}
+_POSTGRES = {
+    "tool arguments": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.search_args @@ {q}",
+        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
+        "WHERE t.session_id = sessions.id AND c.search_args @@ {q})"),
+    "tool results": (
+        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.search_result @@ {q}",
+        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
+        "WHERE t.session_id = sessions.id AND c.search_result @@ {q})"),
+    "messages": (
+        "SELECT cn.session_id FROM chain_nodes cn WHERE cn.message_hash IN "
+        "(SELECT blob_hash FROM search_messages WHERE body @@ {q})",
+        "EXISTS (SELECT 1 FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
+        "WHERE cn.session_id = sessions.id AND m.body @@ {q})"),
+}
+# Matches counted, at most, to choose between the two.
+COMMON = 20_000
+_SQLITE_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages_fts WHERE search_messages_fts MATCH :fts "
+                 "UNION ALL SELECT 1 FROM search_tool_args WHERE search_tool_args MATCH :fts "
+                 "UNION ALL SELECT 1 FROM search_tool_results WHERE search_tool_results MATCH :fts LIMIT :cap)")
+_POSTGRES_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages WHERE body @@ {q} "
+                   "UNION ALL SELECT 1 FROM tool_calls WHERE search_args @@ {q} "
+                   "UNION ALL SELECT 1 FROM tool_calls WHERE search_result @@ {q} LIMIT :cap) AS n")
+
+
+@dataclass
+class Places:
+    """The SQL of a search, per place (`matches`, `exists`), its parameters, and whether
+    it matches so much that the sessions are better walked newest first (`common`)."""
+
+    matches: dict[str, str]
+    exists: dict[str, str]
+    params: dict[str, Any]
+    common: bool = False
+
+
+def places(conn, dialect: str, terms: list[str]) -> Places:
+    """The search for `terms` (none: nothing to look for, no places)."""
+    if not terms:
+        return Places({}, {}, {})
+    if dialect == "postgresql":
+        params: dict[str, Any] = {f"t{i}": t for i, t in enumerate(terms)}
+        q = "(" + " && ".join(f"tooltap_search_phrase(:t{i})" for i in range(len(terms))) + ")"
+        sql = {k: (a.format(q=q), b.format(q=q)) for k, (a, b) in _POSTGRES.items()}
+        count = _POSTGRES_COUNT.format(q=q)
+    else:
+        params, sql, count = {"fts": fts5_query(terms)}, _SQLITE, _SQLITE_COUNT
+    found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params)
+    found.common = conn.execute(text(count), {**params, "cap": COMMON}).scalar() >= COMMON
+    return found

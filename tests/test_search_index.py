@@ -124,6 +124,21 @@ def test_identifiers_paths_and_phrases_are_found_where_they_are(engine_at, monke
     assert found(engine, "NEAR") == {} and found(engine, '"src/app.py" *') == {app: ["tool arguments", "messages"]}
 
 
+def test_an_mcp_tool_is_found_by_its_name_inside_clines_mangled_one(engine_at):
+    """Cline calls an MCP tool `<uid>0mcp0<tool>`: one word to both tokenizers, so the
+    index adds the tool's own name."""
+    engine = engine_at()
+    ask = {"role": "user", "content": "Forecast for Seattle?"}
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "cIya4J0mcp0get_forecast", "arguments": '{"latitude": 47.6}'}}]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "Rain."}
+    Store(engine).batch([record(1_700_000_000, [ask], reply(call=("cIya4J0mcp0get_forecast", {"latitude": 47.6}))),
+                         record(1_700_000_001, [ask, call, result], reply("Rain tomorrow."))])
+    assert found(engine, "get_forecast") == {"Forecast for Seattle?": ["messages"]}
+    assert found(engine, "cIya4J0mcp0get_forecast") == {"Forecast for Seattle?": ["messages"]}
+
+
 def test_a_message_in_the_oldest_of_many_sessions_is_found(engine_at):
     """The old search inflated at most 20,000 message blobs, newest sessions first: a word
     only in the oldest session was missed once the database held more."""

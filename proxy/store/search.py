@@ -41,6 +41,8 @@ from typing import Any
 
 from sqlalchemy import bindparam, text
 
+from ..schemas.names import CLINE_MCP
+
 INDEX_CHARS = 256 * 1024
 _BASE64ISH = 1000  # a string this long without a space is data (an image), not words
 
@@ -79,6 +81,10 @@ DROP FUNCTION IF EXISTS tooltap_json_text(text);
 """
 
 
+# Cline's MCP tool names: the tool's own name must be found by a search for it.
+_MANGLED = re.compile(r"[A-Za-z0-9]+" + CLINE_MCP + r"([A-Za-z0-9_.-]+)")
+
+
 def message_text(value: Any) -> str:
     """The words of a message: its string and number values, in order, up to INDEX_CHARS."""
     out: list[str] = []
@@ -91,6 +97,8 @@ def message_text(value: Any) -> str:
                 continue
             out.append(v)
             size += len(v) + 1
+            if CLINE_MCP in v:  # `<uid>0mcp0get_forecast` is one word to the tokenizers
+                out.extend(_MANGLED.findall(v))
         elif isinstance(v, dict):
             stack.extend(reversed(list(v.values())))
         elif isinstance(v, list):

@@ -224,8 +224,8 @@ def rebuild_request(db: DB, t: Turn, blob: Callable[[str], Any]) -> Any:
     if t.system_hash is not None:
         if api.keys.system:
             body[api.keys.system] = blob(t.system_hash)
-        else:  # OpenAI Chat: the leading system messages
-            messages = blob(t.system_hash) + messages
+        else:  # OpenAI Chat: the leading system messages (none if a damaged store lost them)
+            messages = (blob(t.system_hash) or []) + messages
     body[api.keys.messages] = messages
     if t.tools_hash is not None:
         body[api.keys.tools] = blob(t.tools_hash)

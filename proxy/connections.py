@@ -31,6 +31,7 @@ from .forward import TIMED_OUT
 log = logging.getLogger("tooltap")
 
 LOG_EVERY = 10.0
+LINGER = 2.0  # seconds a refused client may go on sending before the socket is closed
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._owed: str | None = None  # "head" | "body" | None
         self._since = 0.0
         self._bytes = 0  # of the head or body being received
+        self._lingering = False
 
     # -- connection life -----------------------------------------------------------------
 
@@ -81,6 +83,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- the parser's events -------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # what a refused client still sends is read and dropped
         if self._owed == "head":
             self._bytes += len(data)
         super().data_received(data)
@@ -146,9 +150,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, kind: str, status: bytes, message: str, answer: bool = True) -> None:
         self._expect(None)
         self.pool.notes.add(kind)
-        if answer:
-            self.transport.write(_reply(status, message))
-        self.transport.close()
+        if not answer:
+            self.transport.close()
+            return
+        self.transport.write(_reply(status, message))
+        self._linger()
+
+    def _linger(self) -> None:
+        """Half-close and drain before closing. Closing a socket the client still writes to
+        makes the kernel send a reset, and a reset can destroy the answer in the client's
+        receive buffer before it reads it: the client would see a bare reset, not the 408."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # the app sees the client gone and writes nothing more
+            self.cycle.message_event.set()
+        self._lingering = True
+        try:
+            self.transport.write_eof()
+            self.transport.resume_reading()
+        except (OSError, RuntimeError, NotImplementedError):
+            self.transport.close()
+            return
+        self.loop.call_later(LINGER, self.transport.close)  # the client's own close ends it sooner
 
 
 def report(server_state) -> None:

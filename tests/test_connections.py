@@ -119,19 +119,46 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_and_recorded(guarded, upstream):
               b"content-length: 5000\r\n\r\n{")
     started = time.monotonic()
     answer = None
+    # It goes on sending after the refusal, as a real slow client does: the 408 must still
+    # reach it (a server that closes at once makes the kernel reset the connection, and
+    # the reset can destroy the answer before the client reads it).
     while answer is None and time.monotonic() - started < 5:
         try:
             s.send(b" ")
         except OSError:
             pass
-        time.sleep(0.2)
-        answer = closed_by_server(s)
+        time.sleep(0.01)
+        if time.monotonic() - started > 1.5:
+            answer = closed_by_server(s)
     assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
     assert time.monotonic() - started < 2.5
     assert upstream.received == []  # half a request never goes upstream
     turn = tt.api("/turns")["turns"][0]
     assert turn["status"] == "client_aborted"
     assert "too slow sending its request body" in tt.api(f"/turns/{turn['id']}")["error"]
+
+
+def test_a_refused_client_that_keeps_sending_is_closed_after_the_linger(guarded):
+    """The 408 is followed by a half-close and a short drain, not by a socket left open."""
+    from proxy.connections import LINGER
+    tt = guarded(head_timeout=0.5)
+    s = connect(tt.server.port)
+    s.sendall(b"POST /chat/completions HTTP/1.1\r\nhost: x\r\n")
+    started, got = time.monotonic(), b""
+    while time.monotonic() - started < LINGER + 3:
+        try:
+            s.send(b"x")  # a header line that never ends
+        except OSError:
+            break
+        s.settimeout(0.05)
+        try:
+            got += s.recv(65536)
+        except (TimeoutError, BlockingIOError):
+            pass
+        except ConnectionResetError:
+            break
+    assert got.startswith(b"HTTP/1.1 408 "), got
+    assert time.monotonic() - started < 0.5 + LINGER + 1.5
 
 
 def test_an_oversized_head_is_refused(guarded):

@@ -7,7 +7,7 @@ bench/variant.py with `--stages`, which logs per request when it reached the app
 the upstream request was sent and answered, and when the first body chunk was handed to
 the server:
 
-  bare      bare_proxy.py: uvicorn + an aiohttp client and nothing else (the layers' floor)
+  bare      bare_proxy.py: uvicorn + tooltap's upstream client and nothing else (the layers' floor)
   no-store  tooltap with its turns dropped instead of journaled (no journal thread)
   tooltap   tooltap as it runs (journal thread, writer process)
 
@@ -35,7 +35,7 @@ PROXIES = {"bare": ["--bare"], "no-store": ["--sink", "drop"], "tooltap": []}
 STAGES = [
     ("client sends -> proxy app called", "uvicorn reads and parses the request, starts the ASGI task"),
     ("app called -> upstream request starts", "the proxy reads the body and prepares (capture, redaction)"),
-    ("upstream request -> its headers", "aiohttp sends, the upstream answers, aiohttp parses"),
+    ("upstream request -> its headers", "the client sends, the upstream answers, the client parses"),
     ("headers -> first chunk handed to uvicorn", "response start, first chunk read, captured"),
     ("first chunk handed over -> client has it", "uvicorn writes, the client reads"),
 ]

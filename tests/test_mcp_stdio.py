@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import time
 
@@ -15,7 +16,7 @@ import pytest
 
 from tests.mcp_support import (
     INITIALIZE, INITIALIZED, TASK_PROGRESS, WASHINGTON, WEATHER, Driven, jsonrpc, recorded, sdk_conversation,
-    with_db, wrapped,
+    env, with_db, wrapped,
 )
 
 from proxy.mcp import read
@@ -188,6 +189,21 @@ def test_signals_go_to_the_server_and_its_end_is_ours(tmp_path):
     d.finish()
     codes = with_db(db, lambda db_: sorted(c["exit_code"] for c in read.connections(db_, "sig")))
     assert codes == [-15, -2, 7]
+
+
+def test_a_signal_while_the_wrapper_is_still_starting_goes_to_the_server():
+    """Between starting the server and settling down to wait for it, the wrapper opens
+    its database (seconds on a busy machine): a signal then must reach the server too,
+    not kill the wrapper alone and leave the server running."""
+    script = ("import os, signal, sys\n"
+              "from proxy.mcp.relay import Relay\n"
+              "relay = Relay([sys.executable, '-c', 'import time; time.sleep(30)'], lambda *a: None,\n"
+              "              stdin=os.open(os.devnull, os.O_RDONLY))\n"
+              "relay.start()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)  # before wait()\n"
+              "print(relay.wait(), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=20, env=env())
+    assert done.returncode == 0 and done.stdout.strip() == b"-15", (done.returncode, done.stderr[-500:])
 
 
 def test_a_command_that_does_not_exist(tmp_path):

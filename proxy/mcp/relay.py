@@ -44,8 +44,22 @@ class Relay:
         self.proc: subprocess.Popen | None = None
         self.stderr_tail: deque[bytes] = deque()
         self._tail_size = 0
+        self._early: list[int] = []  # signals that came before the server was running
+        self._previous: dict = {}
 
     def start(self) -> None:
+        # Before the server starts, not once it runs: a signal in between (the agent gives
+        # up while the wrapper opens its database) would otherwise kill the wrapper alone.
+        self._previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
+        try:
+            self._start()
+        except BaseException:
+            self._restore()
+            raise
+        for signum in self._early:
+            self._forward(signum, None)
+
+    def _start(self) -> None:
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, bufsize=0, process_group=0)
@@ -70,12 +84,10 @@ class Relay:
     def wait(self) -> int:
         """Forward signals until the server exits; its return code (negative: killed by
         that signal). Then let its last output through."""
-        previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
         try:
             code = self.proc.wait()
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            self._restore()
         deadline = time.monotonic() + DRAIN_SECONDS
         for t in self._threads[1:]:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -87,7 +99,15 @@ class Relay:
 
     # -- the pumps ------------------------------------------------------------------------
 
+    def _restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
     def _forward(self, signum, _frame) -> None:
+        if self.proc is None:
+            self._early.append(signum)
+            return
         try:
             self.proc.send_signal(signum)
         except ProcessLookupError:

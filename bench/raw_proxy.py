@@ -94,7 +94,10 @@ def main() -> None:
         async with server:
             await server.serve_forever()
 
-    uvloop.run(serve())
+    try:
+        uvloop.run(serve())
+    except KeyboardInterrupt:  # bench/common.stop's SIGINT
+        pass
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
-"""The floor of tooltap's layers: uvicorn serving a raw ASGI app that forwards with an
-aiohttp client, as tooltap does, and does nothing else (no capture, no journal, no
-redaction, no checks). bench/breakdown.py measures it beside tooltap."""
+"""The floor of tooltap's layers: uvicorn serving a raw ASGI app that forwards with
+tooltap's upstream client (proxy/upstream.py), and does nothing else (no capture, no
+journal, no redaction, no checks). bench/breakdown.py measures it beside tooltap."""
 
 from __future__ import annotations
 
-import aiohttp
-
+from proxy import upstream as upstream_client
 from proxy.asgi import read_body
 
 _HOP = {b"transfer-encoding", b"connection", b"keep-alive"}
@@ -13,33 +12,25 @@ _HOP = {b"transfer-encoding", b"connection", b"keep-alive"}
 
 class BareProxy:
     def __init__(self, upstream: str):
-        self.upstream = upstream.rstrip("/")
-        self.client: aiohttp.ClientSession | None = None
-
-    async def request(self, method: str, url: str, headers, body: bytes):
-        return await self.client.request(method, url, headers=headers, data=body or None,
-                                         allow_redirects=False)
+        self.origin = upstream_client.Origin.of(upstream)
+        self.client = upstream_client.Client()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
-                if message["type"] == "lifespan.startup":
-                    self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                                        auto_decompress=False)
-                    await send({"type": "lifespan.startup.complete"})
-                else:
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
                     await self.client.close()
-                    await send({"type": "lifespan.shutdown.complete"})
                     return
         body, _ = await read_body(receive)
         query = scope["query_string"].decode("latin-1")
-        url = self.upstream + scope["path"] + ("?" + query if query else "")
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k != b"host"]
-        response = await self.request(scope["method"], url, headers, body)
+        target = scope["path"] + ("?" + query if query else "")
+        headers = [(k, v) for k, v in scope["headers"] if k != b"host"]
+        response = await self.client.request(scope["method"], self.origin, target, headers, body)
         await send({"type": "http.response.start", "status": response.status,
                     "headers": [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP]})
-        async for chunk in response.content.iter_any():
+        while chunk := await response.read():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         response.release()

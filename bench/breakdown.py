@@ -7,7 +7,9 @@ bench/variant.py with `--stages`, which logs per request when it reached the app
 the upstream request was sent and answered, and when the first body chunk was handed to
 the server:
 
-  bare      bare_proxy.py: uvicorn + an aiohttp client and nothing else (the layers' floor)
+  raw       raw_proxy.py: asyncio protocols and httptools relaying bytes (a Python proxy's floor;
+            time to first byte only, it logs no stages)
+  bare      bare_proxy.py: uvicorn + tooltap's upstream client and nothing else (the layers' floor)
   no-store  tooltap with its turns dropped instead of journaled (no journal thread)
   tooltap   tooltap as it runs (journal thread, writer process)
 
@@ -35,7 +37,7 @@ PROXIES = {"bare": ["--bare"], "no-store": ["--sink", "drop"], "tooltap": []}
 STAGES = [
     ("client sends -> proxy app called", "uvicorn reads and parses the request, starts the ASGI task"),
     ("app called -> upstream request starts", "the proxy reads the body and prepares (capture, redaction)"),
-    ("upstream request -> its headers", "aiohttp sends, the upstream answers, aiohttp parses"),
+    ("upstream request -> its headers", "the client sends, the upstream answers, the client parses"),
     ("headers -> first chunk handed to uvicorn", "response start, first chunk read, captured"),
     ("first chunk handed over -> client has it", "uvicorn writes, the client reads"),
 ]
@@ -97,6 +99,11 @@ def main() -> int:
                                           stdout=subprocess.DEVNULL))
             wait_port(up, procs[-1])
             ports, logs = {"direct": up}, {}
+            port = free_port()
+            procs.append(subprocess.Popen([sys.executable, str(BENCH / "raw_proxy.py"), "--upstream",
+                                           f"http://127.0.0.1:{up}", "--port", str(port)], stdout=subprocess.DEVNULL))
+            wait_port(port, procs[-1])
+            ports["raw"] = port
             for name, args in PROXIES.items():
                 port, logs[name] = free_port(), Path(tmp) / f"{name}.stages"
                 procs.append(subprocess.Popen(
@@ -117,11 +124,12 @@ def main() -> int:
     ttfb = {name: [first - sent for sent, first in seen[name]] for name in ports}
     rows = [["time to first byte, median", *[ms(ttfb[n]) for n in ports]],
             ["time to first byte, mean", *[mean_ms(ttfb[n]) for n in ports]],
-            ["added to direct, mean", "", *[round(mean_ms(ttfb[n]) - mean_ms(ttfb["direct"]), 3) for n in PROXIES]]]
+            ["added to direct, mean", "", *[round(mean_ms(ttfb[n]) - mean_ms(ttfb["direct"]), 3)
+                                            for n in ports if n != "direct"]]]
     result = {"machine": machine(), "params": vars(a), "ttfb_ms": {n: {"median": ms(ttfb[n]), "mean": mean_ms(ttfb[n])}
                                                                    for n in ports}, "stages_ms": {}}
     for k, (label, _) in enumerate(STAGES):
-        row = [label + ", mean", ""]
+        row = [label + ", mean", "", ""]
         for name in PROXIES:
             pairs = list(zip(seen[name], stages[name]))
             if k == 0:

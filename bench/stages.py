@@ -2,7 +2,7 @@
 
 perf_counter is CLOCK_MONOTONIC, shared by every process on the machine, so these times
 line up with the client's. Wraps an ASGI app; the upstream request is timed by wrapping
-the forwarder's `_request` (tooltap) or the app's own `request` (bare_proxy.py).
+the upstream client's `request` (tooltap and bare_proxy.py use the same client).
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ def _timed(request):
 
 class Stages:
     def __init__(self, app, path: str):
-        from proxy import forward
+        from proxy import upstream
 
         self.app = app
         self.out = open(path, "a", buffering=1)
-        forward._request = _timed(forward._request)
-        if hasattr(app, "request"):
-            app.request = _timed(app.request)
+        upstream.Client.request = _timed(upstream.Client.request)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

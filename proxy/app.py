@@ -46,7 +46,6 @@ class TooltapApp:
         finally:
             if self.mcp is not None:
                 await self.mcp.close()
-            self.forwarder.close()
             await self.client.close()
             # In a thread: the live stream and anything else still on the loop keep going.
             await asyncio.to_thread(self.writer.close, self._writer_time())

@@ -16,12 +16,10 @@ import logging
 import time
 import uuid
 from typing import Callable
-
-import aiohttp
-from aiohttp.http_exceptions import HttpProcessingError
-from yarl import URL
+from urllib.parse import urlsplit
 
 from . import apis
+from . import upstream as upstream_client
 from .capture import Capture, TurnRecord
 from .config import Settings
 from .live import LiveHub
@@ -69,7 +67,7 @@ def _text(headers: Headers) -> list[tuple[str, str]]:
 
 
 def _decode(value: bytes) -> str:
-    # aiohttp writes header values as UTF-8, so UTF-8 text goes upstream byte for byte;
+    # As recorded: UTF-8 where it is (the wire gets the bytes as they came either way);
     # other bytes (vanishingly rare) are read as latin-1.
     try:
         return value.decode("utf-8")
@@ -77,83 +75,30 @@ def _decode(value: bytes) -> str:
         return value.decode("latin-1")
 
 
-def make_client(settings: Settings) -> aiohttp.ClientSession:
-    """The pooled upstream client. aiohttp rather than httpx on this one leg: its C parser
-    hands over everything a socket read brought (one write to the agent per read, not
-    per chunk of the chunked encoding) and answers in a third of httpx's time (bench/)."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-        timeout=aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout,
-                                      sock_read=settings.read_timeout),
-        auto_decompress=False,  # compressed bodies go to the agent as sent
-        cookie_jar=aiohttp.DummyCookieJar(),  # cookies are the agent's business, not ours
-        trust_env=False,
-        trace_configs=[_CONNECTIONS],
-    )
+def make_client(settings: Settings) -> upstream_client.Client:
+    """The pooled upstream client (proxy/upstream.py)."""
+    return upstream_client.Client(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
 
 
-class _Attempt:
-    """What one upstream request learned about the connection it was sent on."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
-
-
-async def _on_reuse(_session, ctx, _params) -> None:
-    ctx.trace_request_ctx.reused = True
-
-
-async def _on_create(_session, ctx, _params) -> None:
-    ctx.trace_request_ctx.reused = False
-
-
-_CONNECTIONS = aiohttp.TraceConfig()
-_CONNECTIONS.on_connection_reuseconn.append(_on_reuse)
-_CONNECTIONS.on_connection_create_end.append(_on_create)
-_CONNECTIONS.freeze()
-
-# A pooled connection the upstream closed as it idled (its keep-alive timeout) fails the
-# request sent on it before any answer: nothing reached the model, so the request goes
-# once more on a new connection, POST included (Go's net/http and browsers do the same).
-# A new connection that fails is not retried: the upstream may have started generating.
-_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-
-
-async def _request(client: aiohttp.ClientSession, method: str, url: URL, headers, body: bytes):
-    attempt = _Attempt()
-    try:
-        return await client.request(method, url, headers=headers, data=body or None, allow_redirects=False,
-                                    skip_auto_headers=_NO_AUTO_HEADERS, trace_request_ctx=attempt)
-    except _STALE as exc:
-        if not attempt.reused or isinstance(exc, aiohttp.ClientConnectorError):
-            raise
-        log.info("%s %s: the pooled upstream connection was closed (%s); sent again on a new one",
-                 method, url.path, _describe(exc))
-        return await client.request(method, url, headers=headers, data=body or None, allow_redirects=False,
-                                    skip_auto_headers=_NO_AUTO_HEADERS, trace_request_ctx=_Attempt())
-
-
-# aiohttp adds these when absent; the upstream must get only what the agent sent.
-_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-# HttpProcessingError: a response that breaks HTTP (bad chunked framing) under aiohttp's
-# pure-Python parser, which raises it as it is, not as a ClientError.
-_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, HttpProcessingError)
+_UPSTREAM_ERRORS = (upstream_client.UpstreamError, asyncio.TimeoutError, OSError)
 
 
 class Forwarder:
-    def __init__(self, settings: Settings, client: aiohttp.ClientSession, sink: Callable[[TurnRecord], None],
+    def __init__(self, settings: Settings, client: upstream_client.Client, sink: Callable[[TurnRecord], None],
                  live: LiveHub | None = None):
         self.settings = settings
         self.client = client
         self.sink = sink  # must not block: the store's queue.put_nowait
         self.live = live
         self.in_flight = 0  # requests between arrival and their turn being queued for the store
-        self.dead_upstreams = _DeadUpstreamWatch()
+        self._origins: dict[str, tuple[upstream_client.Origin, str]] = {}
 
-    def close(self) -> None:
-        self.dead_upstreams.stop()
+    def _origin(self, url: str) -> tuple[upstream_client.Origin, str]:
+        """The upstream's origin and base path, parsed once."""
+        found = self._origins.get(url)
+        if found is None:
+            found = self._origins[url] = (upstream_client.Origin.of(url), urlsplit(url).path)
+        return found
 
     async def __call__(self, scope, receive, send) -> None:
         self.in_flight += 1
@@ -174,7 +119,8 @@ class Forwarder:
         body, incomplete = await _read_body(receive, scope)
 
         session_hint = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == SESSION_HEADER), None)
-        headers = _text(_strip(scope["headers"], frozenset({b"host", SESSION_HEADER})))
+        wire_headers = _strip(scope["headers"], frozenset({b"host", SESSION_HEADER}))
+        headers = _text(wire_headers)
         query = scope.get("query_string", b"").decode("latin-1")
         method = scope["method"]
         # The path as the agent encoded it (scope["path"] is percent-decoded).
@@ -209,31 +155,31 @@ class Forwarder:
             self.sink(capture.finish("proxy_error", error))
             return
 
-        url = URL(upstream.url + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else ""),
-                  encoded=True)
+        origin, base = self._origin(upstream.url)
+        target = base + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else "")
         watch = _HangUpWatch(receive)
-        response: aiohttp.ClientResponse | None = None
+        response: upstream_client.Response | None = None
         status, error = None, None
         started = False  # the client has the response's status line
         try:
             try:
-                response = await _request(self.client, method, url, headers, body)
+                response = await self.client.request(method, origin, target, wire_headers, body)
             except _UPSTREAM_ERRORS as exc:
                 status, error = "proxy_error", _describe(exc)
                 await _answer_error(send, capture, 502, "tooltap_proxy_error",
                                     f"tooltap could not reach the upstream: {error}")
                 return
-            resp_headers = _strip(list(response.raw_headers))
+            resp_headers = _strip(response.raw_headers)
             capture.response_started(
                 response.status,
                 redact_headers(_text(resp_headers)),
-                response.headers.get("content-type", ""),
-                response.headers.get("content-encoding"),
+                response.header("content-type") or "",
+                response.header("content-encoding"),
             )
             await send({"type": "http.response.start", "status": response.status,
                         "headers": resp_headers + _turn_header(capture)})
             started = True
-            status, error = await _pump(response, capture, send, self.dead_upstreams)
+            status, error = await _pump(response, capture, send)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()
             if watch.hung_up:
@@ -267,7 +213,7 @@ class Forwarder:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
         return "TimeoutError: no answer from the upstream in time"
-    text = " ".join(str(exc).split())  # aiohttp's parser errors span several lines
+    text = " ".join(str(exc).split())  # one line, whatever the cause wrote
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -290,67 +236,16 @@ class _HangUpWatch:
         self._watcher.cancel()
 
 
-class _DeadUpstreamWatch:
-    """Fails the reads that wait on an upstream connection that is gone.
-
-    aiohttp's C parser, meeting broken chunked framing, closes the connection without
-    telling the body's reader and stops the read timeout, so the read would wait forever
-    (its pure-Python parser raises instead). Twice a second this looks at the bodies
-    being waited on; one whose connection is closed before its end is failed, and the
-    stream ends as `upstream_aborted` like any other drop."""
-
-    PERIOD = 0.5
-
-    def __init__(self) -> None:
-        self.waiting: set[aiohttp.ClientResponse] = set()
-        self._task: asyncio.Task | None = None
-
-    def wait_on(self, response: aiohttp.ClientResponse) -> None:
-        self.waiting.add(response)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.PERIOD)
-            for response in list(self.waiting):
-                _fail_if_dead(response)
-
-
-def _fail_if_dead(response: aiohttp.ClientResponse) -> None:
-    body = response.content
-    if body.is_eof() or body.exception() is not None:
-        return
-    connection = response.connection
-    if connection is not None and not connection.closed:
-        return
-    cause = connection.protocol.exception() if connection is not None and connection.protocol else None
-    why = " ".join(str(getattr(cause, "message", cause)).split())[:200] if cause else "no reason given"
-    body.set_exception(aiohttp.ClientPayloadError(f"the upstream connection closed mid-body ({why})"))
-
-
-async def _pump(response: aiohttp.ClientResponse, capture: Capture, send,
-                dead: _DeadUpstreamWatch) -> tuple[str | None, str | None]:
+async def _pump(response: upstream_client.Response, capture: Capture, send) -> tuple[str | None, str | None]:
     """Copy the body to the client as it arrives, one write per upstream read.
     Returns (status, error) for anything but a normal end."""
-    chunks = response.content.iter_any()
     while True:
-        # Marked only while awaiting: then aiohttp's buffer is empty, and failing the
-        # read cannot drop bytes that came.
-        dead.wait_on(response)
         try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            break
+            chunk = await response.read()
         except _UPSTREAM_ERRORS as exc:
             return "upstream_aborted", _describe(exc)
-        finally:
-            dead.waiting.discard(response)
+        if not chunk:
+            break
         try:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except OSError as exc:  # uvicorn's ClientDisconnected is an OSError

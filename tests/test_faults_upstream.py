@@ -1,6 +1,5 @@
 """Upstreams that break HTTP mid-stream, on raw sockets: the agent gets the bytes that
-came and the same abrupt end, at once, and the turn is `upstream_aborted`, whichever of
-aiohttp's parsers (C or pure Python) reads the response."""
+came and the same abrupt end, at once, and the turn is `upstream_aborted`."""
 
 from __future__ import annotations
 
@@ -10,10 +9,8 @@ import struct
 import threading
 import time
 
-import aiohttp.client_proto
 import httpx
 import pytest
-from aiohttp.http_parser import HttpResponseParserC, HttpResponseParserPy
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
         b"cache-control: no-cache\r\n\r\n")
@@ -82,14 +79,6 @@ class RawUpstream:
         return f"http://127.0.0.1:{self.port}"
 
 
-@pytest.fixture(params=["c", "python"])
-def parser(request, monkeypatch):
-    """Which of aiohttp's response parsers tooltap's client uses."""
-    monkeypatch.setattr(aiohttp.client_proto, "HttpResponseParser",
-                        {"c": HttpResponseParserC, "python": HttpResponseParserPy}[request.param])
-    return request.param
-
-
 def through(tt) -> tuple[bytes, str | None, float]:
     """Stream a request through tooltap: (bytes received, how it ended, seconds)."""
     got, ended, started = b"", None, time.monotonic()
@@ -112,9 +101,9 @@ def only_turn(tt) -> dict:
     (b"zz\r\nmore data\r\n", b""),  # not a chunk size
     (b"5\r\nmore data than five\r\n", b"more "),  # five bytes, then no CRLF
 ])
-def test_broken_chunked_framing_is_an_upstream_abort(make_tooltap, parser, bad, passed):
+def test_broken_chunked_framing_is_an_upstream_abort(make_tooltap, bad, passed):
     # The upstream then holds its connection open: nothing but tooltap's own check ends
-    # the stream (aiohttp's C parser never reports the error, and --read-timeout is 600 s).
+    # the stream (--read-timeout is 600 s).
     with RawUpstream([HEAD, chunk(FIRST), 0.3, bad], hold=15) as up:
         tt = make_tooltap(up.url)
         got, ended, took = through(tt)
@@ -126,7 +115,7 @@ def test_broken_chunked_framing_is_an_upstream_abort(make_tooltap, parser, bad, 
         assert httpx.get(f"{tt.url}/_tooltap/api/turns/{turn['id']}/raw").content == got
 
 
-def test_reset_mid_stream_is_an_upstream_abort(make_tooltap, parser):
+def test_reset_mid_stream_is_an_upstream_abort(make_tooltap):
     with RawUpstream([HEAD, chunk(FIRST), 0.2], reset=True) as up:
         tt = make_tooltap(up.url)
         got, ended, took = through(tt)
@@ -134,7 +123,7 @@ def test_reset_mid_stream_is_an_upstream_abort(make_tooltap, parser):
         assert only_turn(tt)["status"] == "upstream_aborted"
 
 
-def test_invalid_utf8_passes_byte_for_byte(make_tooltap, parser):
+def test_invalid_utf8_passes_byte_for_byte(make_tooltap):
     bad = b'data: {"choices":[{"index":0,"delta":{"content":"\xff\xfe caf\xc3"}}]}\n\n'
     with RawUpstream([HEAD, chunk(FIRST), chunk(bad), chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]) as up:
         tt = make_tooltap(up.url)

@@ -65,7 +65,7 @@ def test_upstream_abort_reaches_the_client(tooltap, upstream):
     turn = only_turn(tooltap)
     assert turn["status"] == "upstream_aborted"
     assert turn["response"]["choices"][0]["message"]["content"] == "one two "
-    assert "ClientPayloadError" in turn["error"] or "ServerDisconnected" in turn["error"]
+    assert turn["error"].startswith("UpstreamDisconnected: the upstream closed the connection while sending"), turn["error"]
 
 
 def test_client_abort_closes_upstream(tooltap, upstream):
@@ -90,9 +90,9 @@ def test_unreachable_upstream_is_a_502_naming_the_cause(make_tooltap):
     r = httpx.post(f"{tt.url}/chat/completions", json=REQ)
     assert r.status_code == 502
     assert r.json()["error"]["type"] == "tooltap_proxy_error"
-    assert "Cannot connect to host 127.0.0.1" in r.json()["error"]["message"]
+    assert f"cannot connect to 127.0.0.1:{port}" in r.json()["error"]["message"]
     turn = only_turn(tt)
-    assert turn["status"] == "proxy_error" and "ClientConnectorError" in turn["error"]
+    assert turn["status"] == "proxy_error" and "ConnectError" in turn["error"]
     assert turn["request"] == REQ
 
 

@@ -101,4 +101,4 @@ def test_a_new_connection_that_fails_is_not_sent_twice(make_tooltap):
         assert "could not reach the upstream" in failed.value.response.text
         assert len(up.seen) == 1 and len(up.seen[0]) == 1
         (turn,) = tt.api("/turns")["turns"]
-        assert turn["status"] == "proxy_error" and "ServerDisconnected" in turn["error"]
+        assert turn["status"] == "proxy_error" and "UpstreamDisconnected" in turn["error"]

@@ -50,8 +50,8 @@ def sessions(request: Request, q: str = "", model: str = "", tool: str = "", ser
     })
 
 
-def session(request: Request, session_id: str):  # routed last, see the end of this file
-    view = transcript.session_view(_reader(request), session_id)
+def session(request: Request, session_id: str, after: int | None = None):  # routed last, see the end of this file
+    view = transcript.session_view(_reader(request), session_id, after=after)
     if view is None:
         raise HTTPException(404, f"no session {session_id}")
     return templates.TemplateResponse(request, "session.html", {
@@ -109,6 +109,15 @@ def session_row(request: Request, session_id: str):
     if s is None:
         raise HTTPException(404, f"no session {session_id}")
     return templates.TemplateResponse(request, "_session_row.html", {"s": s, "matched": None})
+
+
+@router.get("/fragments/session-turns/{session_id:path}")
+def session_turns(request: Request, session_id: str, after: int):
+    """The next window of a long session's cards (static/app.js fetches it into the page)."""
+    view = transcript.session_view(_reader(request), session_id, after=after)
+    if view is None:
+        raise HTTPException(404, f"no session {session_id}")
+    return templates.TemplateResponse(request, "_turns_window.html", {"s": view})
 
 
 @router.get("/fragments/turn/{turn_id}")

@@ -9,6 +9,7 @@ chain (one recursive query per turn), blobs are read once per page.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from typing import Any
@@ -26,37 +27,83 @@ from .mcp_pages import marks as mcp_marks, turn_links as mcp_links
 RESULT_HEADER = re.compile(r"^\[([^\s\]]+)(?: for '(.*?)')?\] Result:", re.S)
 
 
-def session_view(reader: Reader, session_id: str) -> dict | None:
+PAGE_TURNS = 50  # turn cards drawn per response; the page fetches the next ones as they come into view
+
+
+def session_view(reader: Reader, session_id: str, after: int | None = None,
+                 limit: int = PAGE_TURNS) -> dict | None:
+    """The session page's model: the chart of every turn, and the cards of `limit` turns
+    from the first one after turn id `after`. `next_after` says where the next ones start
+    (None: these are the last). A 500-turn session would otherwise be a megabyte and a
+    half of HTML, and seconds of decoding, before the first card shows."""
     from proxy.store.models import Session
 
     with DB(reader.engine) as db:
         s = db.get(Session, session_id)
         if s is None:
             return None
-        turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
-        calls = _calls(db, [t.id for t in turns], mcp_marks(db, session_id))
-        blobs: dict[str, Any] = {}
-        by_id = {t.id: t for t in turns}
+        # Every turn in a few columns (the chart, the branches); whole rows only for the window.
+        points = db.exec(select(Turn.id, Turn.parent_id, Turn.usage, Turn.ttft_ms, Turn.duration_ms)
+                         .where(Turn.session_id == session_id).order_by(Turn.id)).all()
+        ids = [p.id for p in points]
+        start = bisect.bisect_right(ids, after) if after is not None else 0
+        shown = ids[start:start + limit]
+        before = ids[start - 1] if start else None
+        parent_of = {p.id: p.parent_id for p in points}
+        wanted = set(shown) | {parent_of[i] for i in shown if parent_of[i] is not None} | ({before} - {None})
+        by_id = {t.id: t for t in db.exec(select(Turn).where(Turn.id.in_(wanted)))} if wanted else {}
         children: dict[int | None, list[int]] = {}
-        views, last_system = [], None
+        for p in points:
+            children.setdefault(p.parent_id, []).append(p.id)
         chains = Chains(db, session_id)
-        # The session's messages in one query (one db.get per message took most of the page).
-        for h, data in db.exec(select(Blob.hash, Blob.data).where(Blob.hash.in_(
-                select(ChainNode.message_hash).where(ChainNode.session_id == session_id)))):
-            blobs[h] = content.unpack(data)
-        for t in turns:
-            children.setdefault(t.parent_id, []).append(t.id)
+        blobs = _window_blobs(db, [by_id[i] for i in shown], by_id, chains)
+        calls = _calls(db, shown, mcp_marks(db, session_id))
+        last_system = None
+        if before is not None:  # the prompt the reader saw last, on the turn before the window
+            prev = by_id[before]
+            found = _system(db, reader, prev, chains(prev), blobs)
+            last_system = found["hash"] if found else None
+        views = []
+        for i in shown:
+            t = by_id[i]
             v = turn_view(db, reader, t, calls.get(t.id, []), by_id.get(t.parent_id), blobs, chains)
-            sys_hash = v["system"]["hash"] if v["system"] else None
             if v["system"]:
+                sys_hash = v["system"]["hash"]
                 v["system"]["first"] = last_system is None
                 v["system"]["changed"] = last_system is not None and sys_hash != last_system
                 v["system"]["show"] = v["system"]["first"] or v["system"]["changed"]
                 last_system = sys_hash
-            siblings = children[t.parent_id]
-            v["branch"] = _branch(t, siblings)
+            v["branch"] = _branch(t, children[t.parent_id])
             views.append(v)
-        return {**session_json(s), "turn_views": views, "chart": chart(views)}
+        return {**session_json(s), "turn_views": views, "first_shown": start + 1,
+                "next_after": shown[-1] if start + limit < len(ids) else None,
+                "chart": chart([_point(p) for p in points])}
+
+
+def _window_blobs(db: DB, window: list[Turn], by_id: dict[int, Turn], chains: "Chains") -> dict[str, Any]:
+    """The messages the window's cards show, in one query: each turn's new ones (past its
+    parent's) and the candidates for its system prompt."""
+    wanted: set[str] = set()
+    for t in window:
+        hashes = chains(t)
+        parent = by_id.get(t.parent_id)
+        start = parent.message_count if parent is not None and parent.message_count <= len(hashes) else 0
+        wanted.update(hashes[start:])
+        wanted.update(hashes[:1])
+        if t.system_hash is not None:
+            wanted.add(t.system_hash)
+    if not wanted:
+        return {}
+    rows = db.exec(select(Blob.hash, Blob.data).where(Blob.hash.in_(wanted)))
+    return {h: content.unpack(data) for h, data in rows}
+
+
+def _point(p) -> dict:
+    """One turn of the chart."""
+    tokens_in, tokens_out = tokens(p.usage)
+    ms = lambda v: None if v is None else round(v, 3)  # noqa: E731
+    return {"id": p.id, "tokens_in": tokens_in, "tokens_out": tokens_out,
+            "ttft_ms": ms(p.ttft_ms), "duration_ms": ms(p.duration_ms)}
 
 
 def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
@@ -314,6 +361,18 @@ def reasoning(api: str, response: Any) -> str:
 # -- the chart -------------------------------------------------------------------------
 
 CHART_W, CHART_H, PAD = 720, 120, 28
+MAX_BARS = 180
+
+
+def _mean(run: list[dict]) -> dict:
+    """A run of turns as one bar: the mean of each figure; the bar links to the first."""
+    def mean(key: str) -> float | None:
+        values = [v[key] for v in run if v[key] is not None]
+        return round(sum(values) / len(values), 1) if values else None
+
+    return {"id": run[0]["id"], "label": f"turns {run[0]['id']}-{run[-1]['id']} (mean)",
+            "tokens_in": mean("tokens_in"), "tokens_out": mean("tokens_out"),
+            "ttft_ms": mean("ttft_ms"), "duration_ms": mean("duration_ms")}
 
 
 def chart(views: list[dict]) -> dict | None:
@@ -321,6 +380,9 @@ def chart(views: list[dict]) -> dict | None:
     time to first byte and total latency. Computed here so the page needs no script."""
     if not views:
         return None
+    size = -(-len(views) // MAX_BARS)
+    if size > 1:  # a long session: one bar per run of turns, so the chart stays a few KB
+        views = [_mean(views[i:i + size]) for i in range(0, len(views), size)]
     n = len(views)
     step = (CHART_W - 2 * PAD) / n
     max_tok = max([(v["tokens_in"] or 0) + (v["tokens_out"] or 0) for v in views] + [1])
@@ -335,7 +397,7 @@ def chart(views: list[dict]) -> dict | None:
         bars.append({"x": round(x + step * 0.15, 1), "w": round(max(step * 0.7, 1), 1),
                      "y_in": round(base - h_in, 1), "h_in": round(h_in, 1),
                      "y_out": round(base - h_in - h_out, 1), "h_out": round(h_out, 1),
-                     "id": v["id"], "tip": f"turn {v['id']}: {ti} in, {to} out tokens; "
+                     "id": v["id"], "tip": f"{v.get('label') or 'turn ' + str(v['id'])}: {ti} in, {to} out tokens; "
                                            f"ttft {v['ttft_ms']} ms, total {v['duration_ms']} ms"})
         cx = round(x + step / 2, 1)
         if v["duration_ms"] is not None:

@@ -7,6 +7,7 @@ import json
 import threading
 
 import httpx
+from playwright.sync_api import expect
 
 from proxy.demo import chat_sse, words
 from proxy.scripted import Reply
@@ -190,3 +191,48 @@ def test_a_20_mb_request_gives_pages_a_browser_loads(tooltap, upstream, page):
     assert curl.rstrip().endswith(f"--data-binary @tooltap-turn-{turn['id']}-request.json")
     page.goto(session_url, timeout=20_000)
     assert page.locator(".clip-note").count() >= 1
+
+
+def test_a_long_session_arrives_window_by_window(tooltap, upstream, page):
+    """Two windows and a bit: the page draws the first window of turns and fetches the
+    next ones as the reader scrolls, or at once up to the turn its address names."""
+    from inspector_ui.transcript import PAGE_TURNS
+
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("Done, next step.")))
+    total = 2 * PAGE_TURNS + 30
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count."}]
+    with httpx.Client(timeout=30) as client:
+        for n in range(total):
+            body = {"model": "m", "stream": True, "messages": messages}
+            assert client.post(tooltap.url + "/chat/completions", json=body).status_code == 200
+            messages = messages + [{"role": "assistant", "content": "Done, next step."},
+                                   {"role": "user", "content": f"step {n + 1}"}]
+    (s,) = tooltap.api("/sessions")["sessions"]
+    ids = [t["id"] for t in tooltap.api(f"/sessions/{s['id']}")["turns"]]
+    assert len(ids) == total
+
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{s['id']}")
+    cards = page.locator("article.turn")
+    assert cards.count() == PAGE_TURNS and page.locator("[data-testid=more-turns]").count() == 1
+    assert "step 1" in page.locator(f"#turn-{ids[1]}").inner_text()
+    for expected in (2 * PAGE_TURNS, total):  # each time the marker comes into view, one more window
+        page.locator("[data-testid=more-turns]").scroll_into_view_if_needed()
+        expect(cards).to_have_count(expected)
+    assert page.locator("[data-testid=more-turns]").count() == 0
+    drawn = [int(cards.nth(i).get_attribute("id").split("-")[1]) for i in range(cards.count())]
+    assert drawn == ids  # every turn once, in order
+    assert f"step {total - 1}" in page.locator(f"#turn-{ids[-1]}").inner_text()
+
+    # An address naming a turn of the third window: fetched and scrolled to at once.
+    far = 2 * PAGE_TURNS + 15
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{s['id']}#turn-{ids[far]}")
+    target = page.locator(f"#turn-{ids[far]}")
+    target.wait_for()
+    expect(target).to_be_in_viewport()
+    assert f"step {far}" in target.inner_text()
+
+    # Without a script: the marker's link is a page of its own, from the next turn on.
+    k = PAGE_TURNS
+    html = httpx.get(f"{tooltap.url}/_tooltap/sessions/{s['id']}?after={ids[k - 1]}").text
+    assert f'id="turn-{ids[k]}"' in html and f'id="turn-{ids[k - 1]}"' not in html
+    assert f"From turn {k + 1} of {total}" in html

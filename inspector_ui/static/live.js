@@ -97,7 +97,8 @@
     card.classList.add("fresh");
     const existing = document.getElementById("turn-" + ev.turn_id);
     if (existing) existing.replaceWith(card);
-    else document.getElementById("turns").append(card);
+    // With later turns not fetched yet, the new one comes with them, in its place.
+    else if (!document.getElementById("more-turns")) document.getElementById("turns").append(card);
   }
 
   function notice() {

@@ -161,6 +161,8 @@ def link_json(c: LlmCall, m: McpCall, matched_by: str) -> dict:
 # -- from the database -----------------------------------------------------------------------
 
 def for_session(db: DB, session_id: str) -> Correlation:
+    if not _any_mcp(db):  # before reading every turn of the session: most stores have no MCP traffic
+        return Correlation({}, [], [])
     turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
     return _for_turns(db, turns)
 

@@ -366,12 +366,12 @@ MAX_BARS = 180
 
 def _mean(run: list[dict]) -> dict:
     """A run of turns as one bar: the mean of each figure; the bar links to the first."""
-    def mean(key: str) -> float | None:
+    def mean(key: str, digits: int | None = 1) -> float | None:
         values = [v[key] for v in run if v[key] is not None]
-        return round(sum(values) / len(values), 1) if values else None
+        return round(sum(values) / len(values), digits) if values else None
 
     return {"id": run[0]["id"], "label": f"turns {run[0]['id']}-{run[-1]['id']} (mean)",
-            "tokens_in": mean("tokens_in"), "tokens_out": mean("tokens_out"),
+            "tokens_in": mean("tokens_in", None), "tokens_out": mean("tokens_out", None),
             "ttft_ms": mean("ttft_ms"), "duration_ms": mean("duration_ms")}
 
 

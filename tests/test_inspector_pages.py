@@ -277,3 +277,16 @@ def test_upstream_errors_show_their_message_and_the_list_shows_the_status(toolta
     assert "429 from the upstream: Rate limit reached for &lt;deepseek-chat&gt;" in html
     row = get(tooltap, "/_tooltap/").text.split(f'data-session="{turn["session_id"]}"')[1].split("</tr>")[0]
     assert "st-upstream_error" in row
+
+
+def test_a_long_sessions_chart_draws_a_bar_per_run_of_turns():
+    from inspector_ui.transcript import MAX_BARS, chart
+
+    views = [{"id": 1000 + i, "tokens_in": 100 + i, "tokens_out": 10, "ttft_ms": 5.0, "duration_ms": 50.0 + i}
+             for i in range(3 * MAX_BARS + 7)]
+    c = chart(views)
+    assert 0 < len(c["bars"]) <= MAX_BARS
+    assert c["bars"][0]["id"] == 1000 and c["bars"][0]["tip"].startswith("turns 1000-1003 (mean): 102 in, 10 out")
+    last_run = views[len(views) // 4 * 4:]  # runs of 4: the last one has the 3 turns left
+    assert c["max_tok"] == round(sum(v["tokens_in"] for v in last_run) / len(last_run)) + 10
+    assert len(chart(views[:MAX_BARS])["bars"]) == MAX_BARS  # short sessions: one bar a turn

@@ -196,6 +196,10 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools -------------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.response._headers_done:  # bytes after the answer: not a second one to believe
+            raise BadResponse("the upstream sent more than its answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.response.raw_headers.append((name, value))
 

@@ -145,3 +145,17 @@ async def test_silence_times_out_and_broken_answers_are_named():
     with pytest.raises(ConnectError, match="cannot connect to 127.0.0.1"):
         await client.request("GET", closed, "/", [], b"")
     await client.close()
+
+
+async def test_bytes_after_the_answer_do_not_change_it_and_the_connection_is_not_reused():
+    extra = ok(b"first") + b"HTTP/1.1 500 Oops\r\ncontent-length: 0\r\n\r\n"
+    async with Script(lambda head: extra) as up:
+        client = Client(read_timeout=5)
+        response = await client.request("GET", up.origin, "/", [], b"")
+        assert await read_all(response) == b"first"
+        assert response.status == 200 and response.raw_headers == [(b"content-length", b"5")]
+        response.release()
+        response = await client.request("GET", up.origin, "/", [], b"")
+        assert response.status == 200
+        assert up.connections == 2
+        await client.close()

@@ -113,7 +113,7 @@ def session_row(request: Request, session_id: str):
 
 @router.get("/fragments/session-turns/{session_id:path}")
 def session_turns(request: Request, session_id: str, after: int):
-    """The next window of a long session's cards (static/app.js fetches it into the page)."""
+    """The next window of a long session's cards (static/windows.js fetches it into the page)."""
     view = transcript.session_view(_reader(request), session_id, after=after)
     if view is None:
         raise HTTPException(404, f"no session {session_id}")

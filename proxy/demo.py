@@ -9,6 +9,7 @@ Every scenario goes through tooltap over real HTTP, exactly like an agent's traf
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import signal
@@ -202,11 +203,12 @@ def all_scenarios(delay: float = 0.0) -> list[list[Step]]:
 
 
 class _QuietDrops(logging.Filter):
-    """The aborted-stream scenario drops a connection on purpose; uvicorn would print a
-    traceback for it."""
+    """The aborted-stream scenario drops a connection on purpose, and a stop cuts the
+    scripted upstream's reply still streaming (the slow haiku); uvicorn would print a
+    traceback for each."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], Dropped))
+        return not (record.exc_info and isinstance(record.exc_info[1], (Dropped, asyncio.CancelledError)))
 
 
 logging.getLogger("uvicorn.error").addFilter(_QuietDrops())

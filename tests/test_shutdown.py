@@ -210,6 +210,30 @@ def test_demo_stopped_with_sigterm_leaves_no_writer_and_no_folder(tmp_path):
     assert "stopped" in tt.output()
 
 
+def test_demo_stopped_while_a_turn_streams_prints_no_traceback(tmp_path):
+    """The demo streams a slow turn every --live-every seconds: a stop in the middle of
+    one cuts the scripted upstream's reply too, which is the demo's own doing."""
+    tt = start(tmp_path, "--live-every", "0.5", command="demo")
+
+    def haikus() -> int:
+        turns = httpx.get(tt.url + "/_tooltap/api/turns", timeout=5).json()["turns"]
+        return sum(1 for t in turns if t["model"] == "gpt-4.1-mini")  # the slow haiku's
+
+    deadline = time.monotonic() + 30
+    while "Ctrl-C to stop" not in tt.output():  # the scripted sessions are played
+        assert time.monotonic() < deadline, tt.output()
+        time.sleep(0.05)
+    before = haikus()
+    while haikus() == before:  # one ended: the next starts 0.5 s later and streams ~3 s
+        assert time.monotonic() < deadline, tt.output()
+        time.sleep(0.05)
+    time.sleep(0.7)
+    tt.signal(signal.SIGINT)
+    assert tt.wait(15) == 0
+    no_tracebacks(tt.output())
+    assert "cutting 1 open request(s)" in tt.output()  # it did stop mid-stream
+
+
 def test_group_members_sees_a_live_group(tmp_path):
     """The check the tests above rely on finds a process that is there."""
     import subprocess

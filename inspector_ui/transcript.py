@@ -20,7 +20,7 @@ from proxy import apis
 from proxy.agents import transcript
 from proxy.store import content
 from proxy.store.models import Blob, ChainNode, ToolCallRow, Turn
-from proxy.store.read import CHAIN_QUERY, Reader, session_json, tool_call_json, turn_summary
+from proxy.store.read import CHAIN_QUERY, Reader, rounded_ms, session_json, tool_call_json, turn_summary
 
 from .mcp_pages import marks as mcp_marks, turn_links as mcp_links
 
@@ -68,11 +68,8 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
             t = by_id[i]
             v = turn_view(db, reader, t, calls.get(t.id, []), by_id.get(t.parent_id), blobs, chains)
             if v["system"]:
-                sys_hash = v["system"]["hash"]
-                v["system"]["first"] = last_system is None
-                v["system"]["changed"] = last_system is not None and sys_hash != last_system
-                v["system"]["show"] = v["system"]["first"] or v["system"]["changed"]
-                last_system = sys_hash
+                _mark_system(v["system"], last_system is None, last_system)
+                last_system = v["system"]["hash"]
             v["branch"] = _branch(t, children[t.parent_id])
             views.append(v)
         return {**session_json(s), "turn_views": views, "first_shown": start + 1,
@@ -86,9 +83,7 @@ def _window_blobs(db: DB, window: list[Turn], by_id: dict[int, Turn], chains: "C
     wanted: set[str] = set()
     for t in window:
         hashes = chains(t)
-        parent = by_id.get(t.parent_id)
-        start = parent.message_count if parent is not None and parent.message_count <= len(hashes) else 0
-        wanted.update(hashes[start:])
+        wanted.update(hashes[_new_from(by_id.get(t.parent_id), hashes):])
         wanted.update(hashes[:1])
         if t.system_hash is not None:
             wanted.add(t.system_hash)
@@ -98,12 +93,23 @@ def _window_blobs(db: DB, window: list[Turn], by_id: dict[int, Turn], chains: "C
     return {h: content.unpack(data) for h, data in rows}
 
 
+def _new_from(parent: Turn | None, hashes: list[str]) -> int:
+    """Where a turn's own messages start in its request: past its parent's."""
+    return parent.message_count if parent is not None and parent.message_count <= len(hashes) else 0
+
+
+def _mark_system(system: dict, first: bool, previous: str | None) -> None:
+    """Whether the page shows this system prompt: the first one, or one that changed."""
+    system["first"] = first
+    system["changed"] = previous is not None and system["hash"] != previous
+    system["show"] = system["first"] or system["changed"]
+
+
 def _point(p) -> dict:
     """One turn of the chart."""
     tokens_in, tokens_out = tokens(p.usage)
-    ms = lambda v: None if v is None else round(v, 3)  # noqa: E731
     return {"id": p.id, "tokens_in": tokens_in, "tokens_out": tokens_out,
-            "ttft_ms": ms(p.ttft_ms), "duration_ms": ms(p.duration_ms)}
+            "ttft_ms": rounded_ms(p.ttft_ms), "duration_ms": rounded_ms(p.duration_ms)}
 
 
 def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
@@ -117,9 +123,7 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         if v["system"]:
             blobs: dict[str, Any] = {}
             prev = _system(db, reader, parent, _chain(db, parent), blobs) if parent else None
-            v["system"]["changed"] = prev is not None and prev["hash"] != v["system"]["hash"]
-            v["system"]["first"] = parent is None
-            v["system"]["show"] = v["system"]["first"] or v["system"]["changed"]
+            _mark_system(v["system"], parent is None, prev["hash"] if prev else None)
         siblings = db.exec(select(Turn.id).where(Turn.parent_id == t.parent_id, Turn.session_id == t.session_id)
                            .order_by(Turn.id)).all()
         v["branch"] = _branch(t, list(siblings))
@@ -191,8 +195,7 @@ def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn |
     summary = turn_summary(t, [c["name"] for c in calls])
     hashes = chains(t) if chains is not None else _chain(db, t)
     system = _system(db, reader, t, hashes, blobs)
-    start = parent.message_count if parent is not None and parent.message_count <= len(hashes) else 0
-    new_hashes = [h for h in hashes[start:] if not (system and h == system["hash"])]
+    new_hashes = [h for h in hashes[_new_from(parent, hashes):] if not (system and h == system["hash"])]
     new_messages = [blob(h) for h in new_hashes]
     response = reader_response(t)
     decoding = t.decoding if isinstance(t.decoding, dict) else {}

@@ -51,13 +51,16 @@ class Origin:
     @classmethod
     def of(cls, url: str) -> "Origin":
         parts = urlsplit(url)
-        return cls(parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        return cls(parts.scheme, parts.hostname or "", parts.port or _default_port(parts.scheme))
 
     @property
     def host_header(self) -> bytes:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        default = 443 if self.scheme == "https" else 80
-        return (host if self.port == default else f"{host}:{self.port}").encode("idna")
+        return (host if self.port == _default_port(self.scheme) else f"{host}:{self.port}").encode("idna")
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme == "https" else 80
 
 
 class Response:
@@ -69,7 +72,6 @@ class Response:
         self.status = 0
         self.keep_alive = False
         self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.reason: str | None = None
         self._pieces: list[bytes] = []
         self._buffered = 0
         self._error: BaseException | None = None
@@ -112,7 +114,8 @@ class Response:
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
-        timer = loop.call_later(self._conn.read_timeout, self._time_out) if self._conn.read_timeout else None
+        timeout = self._conn.pool.read_timeout
+        timer = loop.call_later(timeout, self._time_out) if timeout else None
         try:
             await self._waiter
         finally:
@@ -143,7 +146,6 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: "Client", origin: Origin) -> None:
         self.pool = pool
         self.origin = origin
-        self.read_timeout = pool.read_timeout
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None
@@ -171,8 +173,7 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(BadResponse(f"the upstream's answer is not valid HTTP/1.1 ({exc})"))
             return
-        if response._pieces or response.complete or response._headers_done:
-            response._wake()
+        response._wake()  # the waiter looks for itself whether what it waits for came
         if response._buffered > HIGH_WATER and not self.paused:
             self.paused = True
             self.transport.pause_reading()

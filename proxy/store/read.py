@@ -246,7 +246,7 @@ def turn_summary(t: Turn, call_names: list[str]) -> dict:
         "id": t.id, "session_id": t.session_id, "parent_id": t.parent_id, "api": t.api,
         "method": t.method, "path": t.path, "upstream": t.upstream, "model": t.model,
         "http_status": t.http_status, "status": t.status, "stream": t.stream,
-        "started_at": iso(t.started_at), "ttft_ms": _ms(t.ttft_ms), "duration_ms": _ms(t.duration_ms),
+        "started_at": iso(t.started_at), "ttft_ms": rounded_ms(t.ttft_ms), "duration_ms": rounded_ms(t.duration_ms),
         "usage": t.usage, "error": t.error, "tool_call_names": call_names,
     }
 
@@ -281,7 +281,7 @@ def text_calls_json(decoding: Any, first_index: int) -> list[dict]:
     } for i, c in enumerate(calls)]
 
 
-def _ms(v: float | None) -> float | None:
+def rounded_ms(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 

@@ -114,7 +114,13 @@ class Builder:
         n = self.sessions - self.long
         mean = rest / n
         out = [max(2, int(self.w.rng.uniform(0.3, 1.7) * mean)) for _ in range(n)]
-        out[-1] += rest - sum(out)
+        i, diff = 0, rest - sum(out)
+        while diff:  # the difference spread a turn at a time, not all on one session
+            step = 1 if diff > 0 else -1
+            if step > 0 or out[i % n] > 2:
+                out[i % n] += step
+                diff -= step
+            i += 1
         return [LONG_TURNS] * self.long + out
 
     def build(self) -> None:

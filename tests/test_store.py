@@ -171,11 +171,12 @@ def test_request_rebuilds_exactly_with_system_prompt(tooltap, upstream):
     assert tooltap.api("/sessions")["sessions"][0]["input_tokens"] == 3
 
 
-def _record(i: int, messages: list) -> TurnRecord:
+def _record(i: int, messages: list, prompt_tokens: int = 0) -> TurnRecord:
     body = json.dumps({"model": "m", "messages": messages}).encode()
+    raw = json.dumps({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1}}).encode()
     return TurnRecord(started_at=1_700_000_000 + i, method="POST", path="/chat/completions",
                       upstream="http://up", request_headers=[], request_body=body, api="openai.chat",
-                      http_status=200, raw=b'{"choices": []}', raw_size=15,
+                      http_status=200, raw=raw, raw_size=len(raw),
                       response_headers=[["content-type", "application/json"]])
 
 
@@ -196,7 +197,7 @@ def test_writer_and_reader_on_each_backend(backend, tmp_path):
     history = []
     for i in range(6):
         history = history + [{"role": "user", "content": f"step {i} ✓ \u2028 sep \u0000 nul"}]
-        writer.submit(_record(i, history))
+        writer.submit(_record(i, history, prompt_tokens=1_500_000_000))
         history = history + [{"role": "assistant", "content": f"done {i}"}]
     writer.flush()
     writer.close()
@@ -204,6 +205,7 @@ def test_writer_and_reader_on_each_backend(backend, tmp_path):
     reader = Reader(writer.engine)
     sessions = reader.sessions()
     assert len(sessions) == 1 and sessions[0]["turns"] == 6
+    assert sessions[0]["input_tokens"] == 9_000_000_000  # past 2**31: a Postgres BIGINT (migration 0009)
     turns = reader.session(sessions[0]["id"])["turns"]
     assert [t["parent_id"] for t in turns] == [None] + [t["id"] for t in turns[:-1]]
     last = reader.turn(turns[-1]["id"])

@@ -43,8 +43,9 @@ class Session(SQLModel, table=True):
     last_at: float = Field(index=True)
     turns: int = 0
     tool_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
+    # Summed over every turn: a long pinned session passes 2**31 tokens (Postgres INTEGER).
+    input_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
+    output_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
     errors: int = 0
     models: list[str] = Field(default_factory=list, sa_column=Column(_JSON, nullable=False))
     uids: dict[str, str] | None = Field(default=None, sa_column=Column(_JSON))  # Cline uid -> MCP server
@@ -80,7 +81,7 @@ class Turn(SQLModel, table=True):
     response_headers: Any = Field(default=None, sa_column=Column(_JSON))
     usage: Any = Field(default=None, sa_column=Column(_JSON))
     raw: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
-    raw_size: int = 0
+    raw_size: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
     raw_sha256: str = ""
     content_type: str | None = None
     content_encoding: str | None = None

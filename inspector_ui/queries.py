@@ -23,6 +23,7 @@ from proxy.store.models import Session, ToolCallRow, Turn
 from proxy.store.read import Reader, session_json
 
 PAGE_SIZE = 50
+WALK_BATCH_MAX = 3200  # sessions looked at by one batch of a walk
 FACETS_SECONDS = 30.0
 
 
@@ -49,6 +50,19 @@ class Page:
     next_cursor: str | None
     search_note: str | None = None  # nothing sets it since the full-text index; kept for the API's "note"
     matched_by: dict[str, list[str]] = field(default_factory=dict)  # session id -> where q matched
+
+
+@dataclass
+class _Found:
+    """A search: per place, SQL saying whether the session `sessions.id` matched there,
+    with its parameters; either a condition on `sessions` selecting every match
+    (`condition`), or `common`: so many match that the sessions are walked instead."""
+
+    where: dict[str, str]
+    params: dict[str, Any]
+    condition: Any = None
+    common: bool = False
+    floors: dict[str, str] = field(default_factory=dict)  # parameters worked out per batch (search.Places)
 
 
 def encode_cursor(last_at: float, session_id: str) -> str:
@@ -91,12 +105,15 @@ class Queries:
     def sessions_page(self, f: Filters, cursor: str | None = None, limit: int = PAGE_SIZE) -> Page:
         with DB(self.engine) as db:
             found = self._search(db, f.q) if f.q else None
-            rows = db.exec(self.page_statement(f, cursor, limit + 1, found[0] if found else None)).all()
+            if found and found.common:
+                rows, matched = self._walk(db, f, cursor, limit, found)
+            else:
+                rows = db.exec(self.page_statement(f, cursor, limit + 1, found.condition if found else None)).all()
+                matched = self._matched_by(db, found, [s.id for s in rows[:limit]]) if found else {}
             more = len(rows) > limit
             rows = rows[:limit]
             nxt = encode_cursor(rows[-1].last_at, rows[-1].id) if more and rows else None
             last = self._last_status(db, [s.id for s in rows])
-            matched = self._matched_by(db, *found[1:], [s.id for s in rows]) if found else {}
             return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, None, matched)
 
     def page_statement(self, f: Filters, cursor: str | None, limit: int, found=None):
@@ -136,35 +153,54 @@ class Queries:
             out.append(exists(call))
         return out
 
-    def _search(self, db: DB, needle: str) -> tuple[Any, dict[str, str], dict]:
+    def _search(self, db: DB, needle: str) -> "_Found":
         """Sessions whose title holds every term of `needle` (substrings), or whose
         messages, tool arguments or tool results hold its words (the full-text index,
-        proxy/store/search.py): a condition on `sessions`, and per place a condition
-        saying whether the session matched there, with their parameters."""
+        proxy/store/search.py)."""
         terms = search.query_terms(needle)
         found = search.places(db.connection(), self.engine.dialect.name, terms)
         words = terms or [needle]
         params = {**found.params, **{f"like{i}": _like(w.lower()) for i, w in enumerate(words)}}
         title = " AND ".join(f"lower(title) LIKE :like{i} ESCAPE '\\'" for i in range(len(words)))
-        if found.common:  # most sessions match: walk them newest first, each looked up in the index
-            where = {"title": title, **found.exists}
-            condition = text("(" + " OR ".join(where.values()) + ")").bindparams(**params)
-        else:  # few match: find them all in the index first
-            where = {"title": title, **{k: f"id IN ({sql})" for k, sql in found.matches.items()}}
-            union = " UNION ".join([f"SELECT id AS session_id FROM sessions WHERE {title}", *found.matches.values()])
-            condition = Session.id.in_(select(text(union).bindparams(**params).columns(session_id=String)
-                                              .subquery("found").c.session_id))
-        return condition, where, params
+        if found.common:  # most sessions match: each session of a batch is looked up in the index
+            return _Found({"title": title, **found.exists}, params, common=True, floors=found.floors)
+        # few match: find them all in the index first
+        union = " UNION ".join([f"SELECT id AS session_id FROM sessions WHERE {title}", *found.matches.values()])
+        condition = Session.id.in_(select(text(union).bindparams(**params).columns(session_id=String)
+                                          .subquery("found").c.session_id))
+        where = {"title": title, **{k: f"id IN ({sql})" for k, sql in found.matches.items()}}
+        return _Found(where, params, condition=condition)
 
-    def _matched_by(self, db: DB, where: dict[str, str], params: dict, ids: list[str]) -> dict[str, list[str]]:
-        """Where each session of the page matched: one query per place, for these sessions only."""
+    def _walk(self, db: DB, f: Filters, cursor: str | None, limit: int, found: "_Found") -> tuple[list, dict]:
+        """A page of a search that matches most sessions: the sessions the filters let
+        through, newest first, in batches (each larger than the last), with where each
+        matched, until limit + 1 have matched or none are left."""
+        page: list = []
+        matched: dict[str, list[str]] = {}
+        batch = limit + 1
+        while True:
+            rows = db.exec(self.page_statement(f, cursor, batch)).all()
+            hits = self._matched_by(db, found, [s.id for s in rows])
+            page += [s for s in rows if s.id in hits]
+            matched.update(hits)
+            if len(page) > limit or len(rows) < batch:
+                page = page[:limit + 1]
+                return page, {s.id: matched[s.id] for s in page[:limit]}
+            cursor = encode_cursor(rows[-1].last_at, rows[-1].id)
+            batch = min(batch * 4, WALK_BATCH_MAX)
+
+    def _matched_by(self, db: DB, found: "_Found", ids: list[str]) -> dict[str, list[str]]:
+        """Where each of these sessions matched: one query per place, for these sessions only."""
         matched: dict[str, list[str]] = {}
         if not ids:
             return matched
-        for place, condition in where.items():
+        params = {**found.params, "ids": ids}
+        for name, sql in found.floors.items():
+            params[name] = db.execute(text(sql).bindparams(bindparam("ids", expanding=True)), params).scalar()
+        for place, condition in found.where.items():
             query = text(f"SELECT id FROM sessions WHERE id IN :ids AND {condition}").bindparams(
                 bindparam("ids", expanding=True))
-            for sid in db.execute(query, {**params, "ids": ids}).scalars():
+            for sid in db.execute(query, params).scalars():
                 matched.setdefault(sid, []).append(place)
         return matched
 

@@ -124,6 +124,51 @@ def test_identifiers_paths_and_phrases_are_found_where_they_are(engine_at, monke
     assert found(engine, "NEAR") == {} and found(engine, '"src/app.py" *') == {app: ["tool arguments", "messages"]}
 
 
+def pages(engine, q: str, limit: int) -> list[tuple[str, list[str]]]:
+    """Every page of a search, followed by its cursor: (title, where it matched), in order."""
+    queries, out, cursor = Queries(Reader(engine)), [], None
+    while True:
+        page = queries.sessions_page(Filters(q=q), cursor, limit=limit)
+        out += [(s["title"], page.matched_by[s["id"]]) for s in page.sessions]
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+def test_a_common_word_walks_the_sessions_to_the_same_pages(engine_at, monkeypatch):
+    """A query that matches much is answered by walking the sessions newest first, a
+    batch at a time (the index read from where the batch's rows start): page by page it
+    must find what the index-first way finds, in the same order, including a session
+    whose only match is a message first sent long before, and an old session that is
+    active again."""
+    engine = engine_at()
+    store = Store(engine)
+    old = {"role": "user", "content": "task 0: a persimmon grows here"}
+    store.batch([record(1_700_000_000, [old], reply("ok"))])
+    for k in range(1, 40):
+        ask = {"role": "user", "content": f"task {k}" + (" with a kumquat" if k % 3 == 0 else "")}
+        call = ("read_file", {"path": f"src/kumquat_{k}.py" if k % 5 == 0 else f"src/m{k}.py"})
+        store.batch([record(1_700_000_000 + 10 * k, [ask], reply(call=call))])
+    # The newest session: its only persimmon is the old session's first message, sent again.
+    store.batch([record(1_700_001_000, [{"role": "user", "content": "task 40"}, old], reply("ok"))])
+    store.batch([record(1_700_002_000, [old, {"role": "assistant", "content": "ok"},
+                                        {"role": "user", "content": "task 0, again"}], reply("ok"))])
+    walked = {}
+    for common in (1, 10 ** 9):
+        monkeypatch.setattr(search, "COMMON", common)
+        walked[common] = {(q, limit): pages(engine, q, limit)
+                          for q in ("kumquat", "persimmon", "task") for limit in (3, 50)}
+    assert walked[1] == walked[10 ** 9]
+    for q in ("kumquat", "persimmon", "task"):  # pages of 3 add up to the page of 50
+        assert walked[1][q, 3] == walked[1][q, 50]
+    assert walked[1]["persimmon", 3] == [("task 0: a persimmon grows here", ["title", "messages"]),
+                                         ("task 40", ["messages"])]
+    kumquat = walked[1]["kumquat", 3]
+    assert len(kumquat) == 13 + 5  # 13 asked for one, 5 more only read src/kumquat_*.py
+    assert ("task 5", ["tool arguments"]) in kumquat and ("task 39 with a kumquat", ["title", "messages"]) in kumquat
+    assert len(walked[1]["task", 3]) == 41
+
+
 def test_an_mcp_tool_is_found_by_its_name_inside_clines_mangled_one(engine_at):
     """Cline calls an MCP tool `<uid>0mcp0<tool>`: one word to both tokenizers, so the
     index adds the tool's own name."""

@@ -36,7 +36,7 @@ phrase, and every term must match. User text never reaches the FTS syntax as syn
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -164,26 +164,39 @@ def fts5_query(terms: list[str]) -> str:
 # Per place, in the order the inspector names them: SQL giving the session_id of every
 # match (for a query that matches little: the index first, then the sessions) and SQL
 # saying whether the session `sessions.id` matches (for a query that matches much: the
-# newest sessions first, each looked up in the index, until a page is full). SQLite's
-# CROSS JOIN fixes the join order: left alone, the planner scanned the whole FTS match
-# once per session.
+# newest sessions first, a batch at a time, until a page is full). On SQLite the second
+# reads the index's match once per statement into a list that each session's rows are
+# checked against (`+id IN (...)`: the plus keeps the planner from walking the list
+# once per session instead); a lookup of one row in the index costs 30-400 us (it seeks
+# in every segment), and a session whose rows hold no match would pay it for each row.
+# The list starts at the first row the batch's sessions hold (`_SQLITE_FLOORS`): the
+# newest sessions' rows are mostly the newest rows, so a common word's match is read
+# from near its end, not whole (a session begun long ago, or a message first sent in
+# an old session, moves the start back: slower, never wrong).
 _SQLITE = {
     "tool arguments": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
         "WHERE c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts)",
-        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id CROSS JOIN search_tool_args f "
-        "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_args MATCH :fts)"),
+        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id = sessions.id "
+        "AND +c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts AND rowid >= :calls_from))"),
     "tool results": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
         "WHERE c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts)",
-        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id CROSS JOIN search_tool_results f "
-        "ON f.rowid = c.id WHERE t.session_id = sessions.id AND search_tool_results MATCH :fts)"),
+        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id = sessions.id "
+        "AND +c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts "
+        "AND rowid >= :calls_from))"),
     "messages": (
         "SELECT cn.session_id FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
         "WHERE m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts)",
         "EXISTS (SELECT 1 FROM chain_nodes cn CROSS JOIN search_messages m ON m.blob_hash = cn.message_hash "
-        "CROSS JOIN search_messages_fts f ON f.rowid = m.id "
-        "WHERE cn.session_id = sessions.id AND search_messages_fts MATCH :fts)"),
+        "WHERE cn.session_id = sessions.id "
+        "AND +m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts "
+        "AND rowid >= :messages_from))"),
+}
+_SQLITE_FLOORS = {
+    "calls_from": "SELECT min(c.id) FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id IN :ids",
+    "messages_from": "SELECT min(m.id) FROM chain_nodes cn CROSS JOIN search_messages m "
+                     "ON m.blob_hash = cn.message_hash WHERE cn.session_id IN :ids",
 }
 _POSTGRES = {
     "tool arguments": (
@@ -213,12 +226,14 @@ _POSTGRES_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages WHERE bo
 @dataclass
 class Places:
     """The SQL of a search, per place (`matches`, `exists`), its parameters, and whether
-    it matches so much that the sessions are better walked newest first (`common`)."""
+    it matches so much that the sessions are better walked newest first (`common`).
+    `floors`: parameters of `exists` worked out for each batch of sessions (`:ids`)."""
 
     matches: dict[str, str]
     exists: dict[str, str]
     params: dict[str, Any]
     common: bool = False
+    floors: dict[str, str] = field(default_factory=dict)
 
 
 def places(conn, dialect: str, terms: list[str]) -> Places:
@@ -232,6 +247,7 @@ def places(conn, dialect: str, terms: list[str]) -> Places:
         count = _POSTGRES_COUNT.format(q=q)
     else:
         params, sql, count = {"fts": fts5_query(terms)}, _SQLITE, _SQLITE_COUNT
-    found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params)
+    found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params,
+                   floors=_SQLITE_FLOORS if dialect == "sqlite" else {})
     found.common = conn.execute(text(count), {**params, "cap": COMMON}).scalar() >= COMMON
     return found

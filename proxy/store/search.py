@@ -213,14 +213,25 @@ _POSTGRES = {
         "EXISTS (SELECT 1 FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
         "WHERE cn.session_id = sessions.id AND m.body @@ {q})"),
 }
-# Matches counted, at most, to choose between the two.
+# Matches at which the sessions are better walked than found from the index. SQLite
+# counts them (up to this many): reading an FTS5 doclist is cheap. Postgres would read a
+# heap row per match to count it, so the planner's estimate stands in (its statistics on
+# tsvector columns keep the frequent words: within a few percent here); a wrong guess
+# makes a search slower, never its answer different.
 COMMON = 20_000
 _SQLITE_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages_fts WHERE search_messages_fts MATCH :fts "
                  "UNION ALL SELECT 1 FROM search_tool_args WHERE search_tool_args MATCH :fts "
                  "UNION ALL SELECT 1 FROM search_tool_results WHERE search_tool_results MATCH :fts LIMIT :cap)")
-_POSTGRES_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages WHERE body @@ {q} "
-                   "UNION ALL SELECT 1 FROM tool_calls WHERE search_args @@ {q} "
-                   "UNION ALL SELECT 1 FROM tool_calls WHERE search_result @@ {q} LIMIT :cap) AS n")
+_POSTGRES_ESTIMATES = ("SELECT 1 FROM search_messages WHERE body @@ {q}", "SELECT 1 FROM tool_calls WHERE search_args @@ {q}",
+                       "SELECT 1 FROM tool_calls WHERE search_result @@ {q}")
+
+
+def _matches_at_least(conn, dialect: str, params: dict[str, Any], q: str, n: int) -> bool:
+    if dialect != "postgresql":
+        return conn.execute(text(_SQLITE_COUNT), {**params, "cap": n}).scalar() >= n
+    plans = [conn.execute(text("EXPLAIN (FORMAT JSON) " + sql.format(q=q)), params).scalar()
+             for sql in _POSTGRES_ESTIMATES]
+    return sum(plan[0]["Plan"]["Plan Rows"] for plan in plans) >= n
 
 
 @dataclass
@@ -244,10 +255,9 @@ def places(conn, dialect: str, terms: list[str]) -> Places:
         params: dict[str, Any] = {f"t{i}": t for i, t in enumerate(terms)}
         q = "(" + " && ".join(f"tooltap_search_phrase(:t{i})" for i in range(len(terms))) + ")"
         sql = {k: (a.format(q=q), b.format(q=q)) for k, (a, b) in _POSTGRES.items()}
-        count = _POSTGRES_COUNT.format(q=q)
     else:
-        params, sql, count = {"fts": fts5_query(terms)}, _SQLITE, _SQLITE_COUNT
+        params, sql, q = {"fts": fts5_query(terms)}, _SQLITE, ""
     found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params,
                    floors=_SQLITE_FLOORS if dialect == "sqlite" else {})
-    found.common = conn.execute(text(count), {**params, "cap": COMMON}).scalar() >= COMMON
+    found.common = _matches_at_least(conn, dialect, params, q, COMMON)
     return found

@@ -9,6 +9,8 @@ scan on sessions.last_at), where OFFSET would walk every row before it.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,6 +23,8 @@ from proxy.schemas.names import mcp_identity
 from proxy.store import search
 from proxy.store.models import Session, ToolCallRow, Turn
 from proxy.store.read import Reader, session_json
+
+log = logging.getLogger("tooltap")
 
 PAGE_SIZE = 50
 WALK_BATCH_MAX = 3200  # sessions looked at by one batch of a walk
@@ -99,6 +103,7 @@ class Queries:
         self.reader = reader
         self.engine = reader.engine
         self._facets: tuple[float, dict[str, list[str]]] | None = None
+        self._refreshing = threading.Lock()
 
     # -- sessions list -------------------------------------------------------------------
 
@@ -208,12 +213,23 @@ class Queries:
 
     def facets(self) -> dict[str, list[str]]:
         """The filter form's choices. Each is a DISTINCT over every turn or tool call
-        (seconds at a million turns), so they are worked out at most every FACETS_SECONDS:
-        a model or tool seen for the first time joins the lists that much later."""
+        (seconds at a million turns), so they are worked out at most every FACETS_SECONDS,
+        on a thread of their own once the first are known: a page never waits for a
+        refresh, and a model or tool seen for the first time joins the lists that much later."""
         now = time.monotonic()
-        if self._facets is None or now - self._facets[0] > FACETS_SECONDS:
+        if self._facets is None:
             self._facets = (now, self._facets_now())
+        elif now - self._facets[0] > FACETS_SECONDS and not self._refreshing.locked():
+            threading.Thread(target=self._refresh_facets, name="tooltap-facets", daemon=True).start()
         return self._facets[1]
+
+    def _refresh_facets(self) -> None:
+        with self._refreshing:
+            try:
+                self._facets = (time.monotonic(), self._facets_now())
+            except Exception as exc:  # the database went away: the old lists stand, tried again later
+                self._facets = (time.monotonic(), self._facets[1])
+                log.warning("the filter form's choices could not be refreshed: %s", exc)
 
     def _facets_now(self) -> dict[str, list[str]]:
         with DB(self.engine) as db:

@@ -290,3 +290,28 @@ def test_a_long_sessions_chart_draws_a_bar_per_run_of_turns():
     last_run = views[len(views) // 4 * 4:]  # runs of 4: the last one has the 3 turns left
     assert c["max_tok"] == round(sum(v["tokens_in"] for v in last_run) / len(last_run)) + 10
     assert len(chart(views[:MAX_BARS])["bars"]) == MAX_BARS  # short sessions: one bar a turn
+
+
+def test_the_filter_choices_refresh_without_holding_a_page(many, monkeypatch):
+    """Working the choices out reads every turn and tool call (seconds at a million
+    turns): once known, a stale list is served at once and refreshed on a thread."""
+    import inspector_ui.queries as queries
+
+    lists = iter([{"models": ["m-old"], "servers": [], "tools": []},
+                  {"models": ["m-old", "m-new"], "servers": [], "tools": []}])
+
+    def slow():
+        time.sleep(0.5)
+        return next(lists)
+
+    q = Queries(many.reader)
+    monkeypatch.setattr(q, "_facets_now", slow)
+    assert q.facets()["models"] == ["m-old"]  # the first time there is nothing to show instead
+    monkeypatch.setattr(queries, "FACETS_SECONDS", 0.0)
+    started = time.perf_counter()
+    assert q.facets()["models"] == ["m-old"] and q.facets()["models"] == ["m-old"]
+    assert time.perf_counter() - started < 0.25  # neither call waited for the refresh
+    deadline = time.monotonic() + 5
+    while q.facets()["models"] != ["m-old", "m-new"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert q.facets()["models"] == ["m-old", "m-new"]

@@ -345,6 +345,8 @@ def main() -> None:
         else:
             build_s = 0.0
             with engine.connect() as c:
+                args.turns = c.execute(text("SELECT count(*) FROM turns")).scalar()  # as built, for the results
+                args.sessions = c.execute(text("SELECT count(*) FROM sessions")).scalar()
                 long_id = c.execute(text(f"SELECT id FROM sessions WHERE turns = {LONG_TURNS} LIMIT 1")).scalar()
                 a_turn = c.execute(text("SELECT min(id) + 30 FROM turns WHERE session_id = "
                                         "(SELECT id FROM sessions WHERE turns > 40 LIMIT 1)")).scalar()

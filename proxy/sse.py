@@ -55,10 +55,20 @@ class SSEDecoder:
         if b"\r" not in buf:  # LF-only, as nearly every server sends: split in one call
             lines = buf.split(b"\n")
             rest = lines.pop()
-            for line in lines:
-                event = self._line(line)
+            if self._first_line and lines:
+                event = self._line(lines.pop(0))  # a BOM may open it
                 if event is not None:
                     events.append(event)
+            data = self._data
+            for line in lines:  # data lines and blank ones inline: the rest of a stream
+                if line[:5] == b"data:":
+                    value = line[5:].decode("utf-8", errors="replace")
+                    data.append(value[1:] if value[:1] == " " else value)
+                    continue
+                event = self._dispatch() if not line else self._line(line)
+                if event is not None:
+                    events.append(event)
+                    data = self._data
             if rest:
                 self._pending.append(rest)
             return events

@@ -719,3 +719,15 @@ def test_model_usage_and_registration():
     assert detect("POST", "/v1/chat/completions") is API and by_name("openai.chat") is API
     assert not API.matches("GET", "/v1/chat/completions") and not API.matches("POST", "/v1/responses")
     assert isinstance(API.new_assembler(), ChatAssembler)
+
+
+def test_an_envelope_that_changes_and_changes_back_ends_at_its_last_value():
+    """Chunks whose envelope repeats the last one's are not merged again: one that differs
+    from the last, even one seen before, still is."""
+    fps = ["fp_1", "fp_1", "fp_2", None, "fp_1", "fp_1"]
+    chunks = [chunk(choice({"role": "assistant", "content": str(i)} if i == 0 else {"content": str(i)}),
+                    system_fingerprint=fp) for i, fp in enumerate(fps)]
+    result = assemble(chunks).result()
+    assert result["system_fingerprint"] == "fp_1" and result["choices"][0]["message"]["content"] == "012345"
+    assert assemble(chunks[:4]).result()["system_fingerprint"] == "fp_2"  # a null does not undo a value
+    assert norm(result) == norm(sdk(chunks))

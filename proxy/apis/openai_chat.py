@@ -24,6 +24,7 @@ _TEXT_FIELDS = ("content", "refusal", "reasoning_content", "reasoning")
 _IDENTITY = ("id", "created", "model")
 # Chunk fields that are stream mechanics, not part of the completion.
 _STREAM_ONLY = {"object", "choices", "usage", "obfuscation", "error"}
+_CHOICE_KEYS = {"index", "delta", "logprobs", "finish_reason"}
 
 
 def _blank(value: Any) -> bool:
@@ -105,9 +106,10 @@ class _Choice:
             self._logprobs(logprobs)
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
-        for key, value in choice.items():
-            if key not in ("index", "delta", "logprobs", "finish_reason") and value is not None:
-                self.extra[key] = value
+        if choice.keys() - _CHOICE_KEYS:  # rare: a loop per chunk only for who sends more
+            for key, value in choice.items():
+                if key not in _CHOICE_KEYS and value is not None:
+                    self.extra[key] = value
 
     def _delta(self, delta: dict[str, Any]) -> None:
         for key, value in delta.items():
@@ -200,6 +202,7 @@ class ChatAssembler:
         self.done = False  # `data: [DONE]` seen
         self.chunks = 0
         self._top: dict[str, Any] = {}
+        self._last: dict[str, Any] | None = None  # the last chunk's envelope (all but its choices)
         self._choices: dict[int, _Choice] = {}
         self._usage: dict[str, Any] | None = None
 
@@ -207,7 +210,7 @@ class ChatAssembler:
         if self.done:
             return
         data = event.data
-        if data.strip() == "[DONE]":
+        if data[:1] != "{" and data.strip() == "[DONE]":
             self.done = True
             return
         chunk = event_json(data)
@@ -221,8 +224,10 @@ class ChatAssembler:
         elif event.event == "error":
             self.error = chunk
             return
-        self._chunk_fields(chunk)
-        choices = chunk.get("choices")
+        choices = chunk.pop("choices", None)
+        if chunk != self._last:  # most chunks repeat the last one's envelope: nothing to merge
+            self._chunk_fields(chunk)
+            self._last = chunk
         if isinstance(choices, list):
             for choice in choices:
                 if isinstance(choice, dict):

@@ -28,6 +28,7 @@ log = logging.getLogger("tooltap")
 
 PAGE_SIZE = 50
 WALK_BATCH_MAX = 3200  # sessions looked at by one batch of a walk
+HITS_MAX = 20_000  # sessions a search finds index-first, at most
 FACETS_SECONDS = 30.0
 
 
@@ -60,13 +61,15 @@ class Page:
 class _Found:
     """A search: per place, SQL saying whether the session `sessions.id` matched there,
     with its parameters; either a condition on `sessions` selecting every match
-    (`condition`), or `common`: so many match that the sessions are walked instead."""
+    (`condition`, with where the index found each: `hits`), or `common`: so many match
+    that the sessions are walked instead."""
 
     where: dict[str, str]
     params: dict[str, Any]
     condition: Any = None
     common: bool = False
     floors: dict[str, str] = field(default_factory=dict)  # parameters worked out per batch (search.Places)
+    hits: dict[str, list[str]] = field(default_factory=dict)  # session id -> places, when found index-first
 
 
 def encode_cursor(last_at: float, session_id: str) -> str:
@@ -166,15 +169,32 @@ class Queries:
         found = search.places(db.connection(), self.engine.dialect.name, terms)
         words = terms or [needle]
         params = {**found.params, **{f"like{i}": _like(w.lower()) for i, w in enumerate(words)}}
-        title = " AND ".join(f"lower(title) LIKE :like{i} ESCAPE '\\'" for i in range(len(words)))
-        if found.common:  # most sessions match: each session of a batch is looked up in the index
-            return _Found({"title": title, **found.exists}, params, common=True, floors=found.floors)
-        # few match: find them all in the index first
-        union = " UNION ".join([f"SELECT id AS session_id FROM sessions WHERE {title}", *found.matches.values()])
-        condition = Session.id.in_(select(text(union).bindparams(**params).columns(session_id=String)
-                                          .subquery("found").c.session_id))
-        where = {"title": title, **{k: f"id IN ({sql})" for k, sql in found.matches.items()}}
-        return _Found(where, params, condition=condition)
+        # SQLite's LIKE ignores ASCII case, as its lower() folds ASCII only: the same
+        # answer, without lowering 20,000 titles first. Postgres' LIKE minds case.
+        title_expr = "title" if self.engine.dialect.name == "sqlite" else "lower(title)"
+        title = " AND ".join(f"{title_expr} LIKE :like{i} ESCAPE '\\'" for i in range(len(words)))
+        if not found.common:  # few match: each place's matches read once, with the sessions they are in
+            hits = self._hits(db, found)
+            if hits is not None:
+                likes = {k: v for k, v in params.items() if k.startswith("like")}
+                condition = or_(text(f"({title})").bindparams(**likes), Session.id.in_(list(hits)))
+                return _Found({"title": title}, params, condition=condition, hits=hits)
+        # most sessions match: each session of a batch is looked up in the index
+        search.prepare_walk(db.connection(), self.engine.dialect.name, found)
+        return _Found({"title": title, **found.exists}, {**params, **found.params}, common=True, floors=found.floors)
+
+    @staticmethod
+    def _hits(db: DB, found: search.Places) -> dict[str, list[str]] | None:
+        """Session id -> the places it matched in; None when so many sessions match
+        that walking them is better (the planner's estimate was too low)."""
+        hits: dict[str, list[str]] = {}
+        for place, sql in found.matches.items():
+            params = {**found.params, **found.place_params.get(place, {})}
+            for sid in db.execute(text(f"SELECT DISTINCT session_id FROM ({sql}) AS m"), params).scalars():
+                hits.setdefault(sid, []).append(place)
+            if len(hits) > HITS_MAX:
+                return None
+        return hits
 
     def _walk(self, db: DB, f: Filters, cursor: str | None, limit: int, found: "_Found") -> tuple[list, dict]:
         """A page of a search that matches most sessions: the sessions the filters let
@@ -182,17 +202,20 @@ class Queries:
         matched, until limit + 1 have matched or none are left."""
         page: list = []
         matched: dict[str, list[str]] = {}
-        batch = limit + 1
+        batch, walked = limit + 1, 0
         while True:
             rows = db.exec(self.page_statement(f, cursor, batch)).all()
             hits = self._matched_by(db, found, [s.id for s in rows])
             page += [s for s in rows if s.id in hits]
             matched.update(hits)
+            walked += len(rows)
             if len(page) > limit or len(rows) < batch:
                 page = page[:limit + 1]
                 return page, {s.id: matched[s.id] for s in page[:limit]}
             cursor = encode_cursor(rows[-1].last_at, rows[-1].id)
-            batch = min(batch * 4, WALK_BATCH_MAX)
+            # Enough for what is missing at the rate they have matched so far, with a margin.
+            rate = max(len(page), 1) / walked
+            batch = max(8, min(WALK_BATCH_MAX, int((limit + 1 - len(page)) / rate * 1.25) + 1))
 
     def _matched_by(self, db: DB, found: "_Found", ids: list[str]) -> dict[str, list[str]]:
         """Where each of these sessions matched: one query per place, for these sessions only."""
@@ -207,6 +230,9 @@ class Queries:
                 bindparam("ids", expanding=True))
             for sid in db.execute(query, params).scalars():
                 matched.setdefault(sid, []).append(place)
+        for sid in ids if found.hits else ():
+            if sid in found.hits:
+                matched.setdefault(sid, []).extend(found.hits[sid])
         return matched
 
     # -- facets for the filter form ------------------------------------------------------

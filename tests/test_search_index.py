@@ -13,6 +13,7 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect, text
 
+from inspector_ui import queries
 from inspector_ui.queries import Filters, Queries
 from proxy.capture import TurnRecord
 from proxy.scripted import Reply
@@ -154,11 +155,16 @@ def test_a_common_word_walks_the_sessions_to_the_same_pages(engine_at, monkeypat
     store.batch([record(1_700_002_000, [old, {"role": "assistant", "content": "ok"},
                                         {"role": "user", "content": "task 0, again"}], reply("ok"))])
     walked = {}
-    for common in (1, 10 ** 9):
+    # Walked (the messages' start found first, or not), index-first, and index-first
+    # finding more sessions than it takes (then walked).
+    for common, floor_at, hits_max in ((1, 0, 9), (1, 10 ** 9, 9), (10 ** 9, 0, 10 ** 9), (10 ** 9, 0, 2)):
         monkeypatch.setattr(search, "COMMON", common)
-        walked[common] = {(q, limit): pages(engine, q, limit)
-                          for q in ("kumquat", "persimmon", "task") for limit in (3, 50)}
-    assert walked[1] == walked[10 ** 9]
+        monkeypatch.setattr(search, "FLOOR_AT", floor_at)
+        monkeypatch.setattr(queries, "HITS_MAX", hits_max)
+        walked[common, floor_at, hits_max] = {(q, limit): pages(engine, q, limit)
+                                              for q in ("kumquat", "persimmon", "task") for limit in (3, 50)}
+    assert len({repr(w) for w in walked.values()}) == 1
+    walked[1] = walked[1, 0, 9]
     for q in ("kumquat", "persimmon", "task"):  # pages of 3 add up to the page of 50
         assert walked[1][q, 3] == walked[1][q, 50]
     assert walked[1]["persimmon", 3] == [("task 0: a persimmon grows here", ["title", "messages"]),

@@ -164,30 +164,40 @@ def fts5_query(terms: list[str]) -> str:
 # Per place, in the order the inspector names them: SQL giving the session_id of every
 # match (for a query that matches little: the index first, then the sessions) and SQL
 # saying whether the session `sessions.id` matches (for a query that matches much: the
-# newest sessions first, a batch at a time, until a page is full). On SQLite the second
-# reads the index's match once per statement into a list that each session's rows are
-# checked against (`+id IN (...)`: the plus keeps the planner from walking the list
-# once per session instead); a lookup of one row in the index costs 30-400 us (it seeks
-# in every segment), and a session whose rows hold no match would pay it for each row.
-# The list starts at the first row the batch's sessions hold (`_SQLITE_FLOORS`): the
-# newest sessions' rows are mostly the newest rows, so a common word's match is read
-# from near its end, not whole (a session begun long ago, or a message first sent in
-# an old session, moves the start back: slower, never wrong).
+# newest sessions first, a batch at a time, until a page is full).
+#
+# SQLite reads each place's match once, as row ids (`_SQLITE_INDEX`), and the first SQL
+# takes them as a JSON list (`:rows`): a phrase with common words in it (`src/x/y.py`)
+# costs tens of ms in FTS5 at a million turns, too much to pay twice. The second reads
+# the match once per statement into a list that each session's rows are checked against
+# (`+id IN (...)`: the plus keeps the planner from walking the list once per session
+# instead); a lookup of one row in the index costs 30-400 us (it seeks in every
+# segment), and a session whose rows hold no match would pay it for each row. The list
+# starts at the first row the batch's sessions hold (`_SQLITE_FLOORS`): the newest
+# sessions' rows are mostly the newest rows, so a common word's match is read from near
+# its end, not whole (a session begun long ago, or a message first sent in an old
+# session, moves the start back: slower, never wrong). Finding where the messages start
+# costs a lookup per chain node of the batch (~25 ms for 50 sessions of 100 messages),
+# so it is done only for a word in more than FLOOR_AT messages: a shorter list costs
+# less read whole.
+FLOOR_AT = 200_000
+_SQLITE_INDEX = {"tool arguments": "search_tool_args", "tool results": "search_tool_results",
+                 "messages": "search_messages_fts"}
 _SQLITE = {
     "tool arguments": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-        "WHERE c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts)",
+        "WHERE c.id IN (SELECT value FROM json_each(:rows))",
         "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id = sessions.id "
         "AND +c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts AND rowid >= :calls_from))"),
     "tool results": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-        "WHERE c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts)",
+        "WHERE c.id IN (SELECT value FROM json_each(:rows))",
         "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id = sessions.id "
         "AND +c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts "
         "AND rowid >= :calls_from))"),
     "messages": (
-        "SELECT cn.session_id FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
-        "WHERE m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts)",
+        "SELECT cn.session_id FROM search_messages m JOIN chain_nodes cn ON cn.message_hash = m.blob_hash "
+        "WHERE m.id IN (SELECT value FROM json_each(:rows))",
         "EXISTS (SELECT 1 FROM chain_nodes cn CROSS JOIN search_messages m ON m.blob_hash = cn.message_hash "
         "WHERE cn.session_id = sessions.id "
         "AND +m.id IN (SELECT rowid FROM search_messages_fts WHERE search_messages_fts MATCH :fts "
@@ -214,37 +224,28 @@ _POSTGRES = {
         "WHERE cn.session_id = sessions.id AND m.body @@ {q})"),
 }
 # Matches at which the sessions are better walked than found from the index. SQLite
-# counts them (up to this many): reading an FTS5 doclist is cheap. Postgres would read a
+# reads them (up to this many): reading an FTS5 doclist is cheap. Postgres would read a
 # heap row per match to count it, so the planner's estimate stands in (its statistics on
 # tsvector columns keep the frequent words: within a few percent here); a wrong guess
 # makes a search slower, never its answer different.
 COMMON = 20_000
-_SQLITE_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM search_messages_fts WHERE search_messages_fts MATCH :fts "
-                 "UNION ALL SELECT 1 FROM search_tool_args WHERE search_tool_args MATCH :fts "
-                 "UNION ALL SELECT 1 FROM search_tool_results WHERE search_tool_results MATCH :fts LIMIT :cap)")
 _POSTGRES_ESTIMATES = ("SELECT 1 FROM search_messages WHERE body @@ {q}", "SELECT 1 FROM tool_calls WHERE search_args @@ {q}",
                        "SELECT 1 FROM tool_calls WHERE search_result @@ {q}")
 
 
-def _matches_at_least(conn, dialect: str, params: dict[str, Any], q: str, n: int) -> bool:
-    if dialect != "postgresql":
-        return conn.execute(text(_SQLITE_COUNT), {**params, "cap": n}).scalar() >= n
-    plans = [conn.execute(text("EXPLAIN (FORMAT JSON) " + sql.format(q=q)), params).scalar()
-             for sql in _POSTGRES_ESTIMATES]
-    return sum(plan[0]["Plan"]["Plan Rows"] for plan in plans) >= n
-
-
 @dataclass
 class Places:
-    """The SQL of a search, per place (`matches`, `exists`), its parameters, and whether
-    it matches so much that the sessions are better walked newest first (`common`).
-    `floors`: parameters of `exists` worked out for each batch of sessions (`:ids`)."""
+    """The SQL of a search, per place (`matches`, `exists`), their parameters (per place:
+    `place_params`), and whether it matches so much that the sessions are better walked
+    newest first (`common`). `floors`: parameters of `exists` worked out for each batch
+    of sessions (`:ids`)."""
 
     matches: dict[str, str]
     exists: dict[str, str]
     params: dict[str, Any]
     common: bool = False
     floors: dict[str, str] = field(default_factory=dict)
+    place_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def places(conn, dialect: str, terms: list[str]) -> Places:
@@ -255,9 +256,34 @@ def places(conn, dialect: str, terms: list[str]) -> Places:
         params: dict[str, Any] = {f"t{i}": t for i, t in enumerate(terms)}
         q = "(" + " && ".join(f"tooltap_search_phrase(:t{i})" for i in range(len(terms))) + ")"
         sql = {k: (a.format(q=q), b.format(q=q)) for k, (a, b) in _POSTGRES.items()}
-    else:
-        params, sql, q = {"fts": fts5_query(terms)}, _SQLITE, ""
-    found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params,
-                   floors=_SQLITE_FLOORS if dialect == "sqlite" else {})
-    found.common = _matches_at_least(conn, dialect, params, q, COMMON)
+        found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params)
+        plans = [conn.execute(text("EXPLAIN (FORMAT JSON) " + e.format(q=q)), params).scalar()
+                 for e in _POSTGRES_ESTIMATES]
+        found.common = sum(plan[0]["Plan"]["Plan Rows"] for plan in plans) >= COMMON
+        return found
+    params = {"fts": fts5_query(terms)}
+    found = Places({k: a for k, (a, _) in _SQLITE.items()}, {k: b for k, (_, b) in _SQLITE.items()}, params)
+    left = COMMON
+    for place, table in _SQLITE_INDEX.items():
+        rows, n = conn.execute(text(f"SELECT json_group_array(rowid), count(*) FROM "  # a list, in C
+                                    f"(SELECT rowid FROM {table} WHERE {table} MATCH :fts LIMIT :cap)"),
+                               {**params, "cap": left}).one()
+        found.place_params[place] = {"rows": rows}
+        left -= n
+        if left <= 0:
+            found.common = True
+            break
     return found
+
+
+def prepare_walk(conn, dialect: str, found: Places) -> None:
+    """Before `exists` is used: which starts of the index's lists (`floors`) are worth
+    working out for each batch; the others read the whole list."""
+    if dialect != "sqlite" or not found.exists:
+        return
+    found.floors = dict(_SQLITE_FLOORS)
+    found.params.update(calls_from=0, messages_from=0)
+    messages = conn.execute(text("SELECT count(*) FROM (SELECT 1 FROM search_messages_fts "
+                                 "WHERE search_messages_fts MATCH :fts LIMIT :cap)"), {**found.params, "cap": FLOOR_AT})
+    if messages.scalar() < FLOOR_AT:
+        del found.floors["messages_from"]

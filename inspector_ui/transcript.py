@@ -14,6 +14,9 @@ import json
 import re
 from typing import Any
 
+import orjson
+from sqlalchemy import Text, cast
+from sqlalchemy.orm import defer
 from sqlmodel import Session as DB, select
 
 from proxy import apis
@@ -43,7 +46,9 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
         if s is None:
             return None
         # Every turn in a few columns (the chart, the branches); whole rows only for the window.
-        points = db.exec(select(Turn.id, Turn.parent_id, Turn.usage, Turn.ttft_ms, Turn.duration_ms)
+        # usage as text, read with orjson: the JSON type's json.loads per row was a tenth of the page
+        points = db.exec(select(Turn.id, Turn.parent_id, cast(Turn.usage, Text).label("usage"), Turn.ttft_ms,
+                                Turn.duration_ms)
                          .where(Turn.session_id == session_id).order_by(Turn.id)).all()
         ids = [p.id for p in points]
         start = bisect.bisect_right(ids, after) if after is not None else 0
@@ -51,7 +56,7 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
         before = ids[start - 1] if start else None
         parent_of = {p.id: p.parent_id for p in points}
         wanted = set(shown) | {parent_of[i] for i in shown if parent_of[i] is not None} | ({before} - {None})
-        by_id = {t.id: t for t in db.exec(select(Turn).where(Turn.id.in_(wanted)))} if wanted else {}
+        by_id = {t.id: t for t in db.exec(select(Turn).options(*_CARD_ONLY).where(Turn.id.in_(wanted)))} if wanted else {}
         children: dict[int | None, list[int]] = {}
         for p in points:
             children.setdefault(p.parent_id, []).append(p.id)
@@ -75,6 +80,12 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
         return {**session_json(s), "turn_views": views, "first_shown": start + 1,
                 "next_after": shown[-1] if start + limit < len(ids) else None,
                 "chart": chart([_point(p) for p in points])}
+
+
+# What a card never shows, left in the database: the stream's bytes and timing, and the
+# headers (the turn page has them). Tens of KB a turn that the page would read for nothing.
+_CARD_ONLY = [defer(Turn.raw), defer(Turn.timeline), defer(Turn.request_raw), defer(Turn.request_headers),
+              defer(Turn.response_headers)]
 
 
 def _window_blobs(db: DB, window: list[Turn], by_id: dict[int, Turn], chains: "Chains") -> dict[str, Any]:
@@ -106,8 +117,8 @@ def _mark_system(system: dict, first: bool, previous: str | None) -> None:
 
 
 def _point(p) -> dict:
-    """One turn of the chart."""
-    tokens_in, tokens_out = tokens(p.usage)
+    """One turn of the chart (`usage` as JSON text)."""
+    tokens_in, tokens_out = tokens(orjson.loads(p.usage) if p.usage else None)
     return {"id": p.id, "tokens_in": tokens_in, "tokens_out": tokens_out,
             "ttft_ms": rounded_ms(p.ttft_ms), "duration_ms": rounded_ms(p.duration_ms)}
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, exists, func, not_, or_, text
+from sqlalchemy import and_, bindparam, exists, func, not_, or_, text
 from sqlmodel import Session as DB, select
 
 from proxy.schemas.names import mcp_identity
@@ -198,7 +198,7 @@ class Queries:
 
     def _walk(self, db: DB, f: Filters, cursor: str | None, limit: int, found: "_Found") -> tuple[list, dict]:
         """A page of a search that matches most sessions: the sessions the filters let
-        through, newest first, in batches (each larger than the last), with where each
+        through, newest first, in batches sized by how many have matched so far, with where each
         matched, until limit + 1 have matched or none are left."""
         page: list = []
         matched: dict[str, list[str]] = {}

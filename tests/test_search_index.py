@@ -175,6 +175,20 @@ def test_a_common_word_walks_the_sessions_to_the_same_pages(engine_at, monkeypat
     assert len(walked[1]["task", 3]) == 41
 
 
+def test_a_title_is_found_by_any_part_of_it_and_postgres_has_an_index_for_that(engine_at):
+    """Titles match by substring (part of a word too); on Postgres migration 0010 adds a
+    trigram index that such a LIKE can use instead of reading every session."""
+    engine = engine_at()
+    Store(engine).batch([chat(1_700_000_000, "Refactor the Quokkaloader module"), chat(1_700_000_100, "other")])
+    assert found(engine, "kkaLOAD") == {"Refactor the Quokkaloader module": ["title"]}
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.begin() as c:
+        c.execute(text("SET LOCAL enable_seqscan = off"))  # two rows: the planner would rightly scan them
+        plan = " ".join(c.execute(text("EXPLAIN SELECT id FROM sessions WHERE lower(title) LIKE '%kkaload%'")).scalars())
+    assert "ix_sessions_title_trgm" in plan, plan
+
+
 def test_an_mcp_tool_is_found_by_its_name_inside_clines_mangled_one(engine_at):
     """Cline calls an MCP tool `<uid>0mcp0<tool>`: one word to both tokenizers, so the
     index adds the tool's own name."""

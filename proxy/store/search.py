@@ -183,6 +183,7 @@ def fts5_query(terms: list[str]) -> str:
 FLOOR_AT = 200_000
 _SQLITE_INDEX = {"tool arguments": "search_tool_args", "tool results": "search_tool_results",
                  "messages": "search_messages_fts"}
+PLACES = tuple(_SQLITE_INDEX)  # where a search looks, besides titles
 _SQLITE = {
     "tool arguments": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "

@@ -56,7 +56,8 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
         before = ids[start - 1] if start else None
         parent_of = {p.id: p.parent_id for p in points}
         wanted = set(shown) | {parent_of[i] for i in shown if parent_of[i] is not None} | ({before} - {None})
-        by_id = {t.id: t for t in db.exec(select(Turn).options(*_CARD_ONLY).where(Turn.id.in_(wanted)))} if wanted else {}
+        window = select(Turn).options(*_CARD_ONLY).where(Turn.id.in_(wanted))
+        by_id = {t.id: t for t in db.exec(window)} if wanted else {}
         children: dict[int | None, list[int]] = {}
         for p in points:
             children.setdefault(p.parent_id, []).append(p.id)

@@ -185,7 +185,8 @@ def test_a_title_is_found_by_any_part_of_it_and_postgres_has_an_index_for_that(e
         return
     with engine.begin() as c:
         c.execute(text("SET LOCAL enable_seqscan = off"))  # two rows: the planner would rightly scan them
-        plan = " ".join(c.execute(text("EXPLAIN SELECT id FROM sessions WHERE lower(title) LIKE '%kkaload%'")).scalars())
+        plan = " ".join(c.execute(text("EXPLAIN SELECT id FROM sessions "
+                                       "WHERE lower(title) LIKE '%kkaload%'")).scalars())
     assert "ix_sessions_title_trgm" in plan, plan
 
 

@@ -189,7 +189,8 @@ _SQLITE = {
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
         "WHERE c.id IN (SELECT value FROM json_each(:rows))",
         "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id = sessions.id "
-        "AND +c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts AND rowid >= :calls_from))"),
+        "AND +c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts "
+        "AND rowid >= :calls_from))"),
     "tool results": (
         "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
         "WHERE c.id IN (SELECT value FROM json_each(:rows))",
@@ -205,7 +206,8 @@ _SQLITE = {
         "AND rowid >= :messages_from))"),
 }
 _SQLITE_FLOORS = {
-    "calls_from": "SELECT min(c.id) FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id IN :ids",
+    "calls_from": "SELECT min(c.id) FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id "
+                  "WHERE t.session_id IN :ids",
     "messages_from": "SELECT min(m.id) FROM chain_nodes cn CROSS JOIN search_messages m "
                      "ON m.blob_hash = cn.message_hash WHERE cn.session_id IN :ids",
 }
@@ -230,7 +232,8 @@ _POSTGRES = {
 # tsvector columns keep the frequent words: within a few percent here); a wrong guess
 # makes a search slower, never its answer different.
 COMMON = 20_000
-_POSTGRES_ESTIMATES = ("SELECT 1 FROM search_messages WHERE body @@ {q}", "SELECT 1 FROM tool_calls WHERE search_args @@ {q}",
+_POSTGRES_ESTIMATES = ("SELECT 1 FROM search_messages WHERE body @@ {q}",
+                       "SELECT 1 FROM tool_calls WHERE search_args @@ {q}",
                        "SELECT 1 FROM tool_calls WHERE search_result @@ {q}")
 
 

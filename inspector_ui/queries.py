@@ -68,9 +68,12 @@ class _Found:
     where: dict[str, str]
     params: dict[str, Any]
     condition: Any = None
-    common: bool = False
     floors: dict[str, str] = field(default_factory=dict)  # parameters worked out per batch (search.Places)
     hits: dict[str, list[str]] = field(default_factory=dict)  # session id -> places, when found index-first
+
+    @property
+    def common(self) -> bool:
+        return self.condition is None
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -179,7 +182,7 @@ class Queries:
         terms = search.query_terms(needle)
         found = search.places(db.connection(), self.engine.dialect.name, terms)
         words = terms or [needle]
-        params = {**found.params, **{f"like{i}": _like(w.lower()) for i, w in enumerate(words)}}
+        likes = {f"like{i}": _like(w.lower()) for i, w in enumerate(words)}
         # SQLite's LIKE ignores ASCII case, as its lower() folds ASCII only: the same
         # answer, without lowering 20,000 titles first. Postgres' LIKE minds case.
         title_expr = "title" if self.engine.dialect.name == "sqlite" else "lower(title)"
@@ -187,12 +190,11 @@ class Queries:
         if not found.common:  # few match: each place's matches read once, with the sessions they are in
             hits = self._hits(db, found)
             if hits is not None:
-                likes = {k: v for k, v in params.items() if k.startswith("like")}
                 condition = or_(text(f"({title})").bindparams(**likes), Session.id.in_(list(hits)))
-                return _Found({"title": title}, params, condition=condition, hits=hits)
+                return _Found({"title": title}, {**found.params, **likes}, condition=condition, hits=hits)
         # most sessions match: each session of a batch is looked up in the index
         search.prepare_walk(db.connection(), self.engine.dialect.name, found)
-        return _Found({"title": title, **found.exists}, {**params, **found.params}, common=True, floors=found.floors)
+        return _Found({"title": title, **found.exists}, {**found.params, **likes}, floors=found.floors)
 
     def _hits(self, db: DB, found: search.Places) -> dict[str, list[str]] | None:
         """Session id -> the places it matched in; None when so many sessions match
@@ -254,7 +256,7 @@ class Queries:
                 bindparam("ids", expanding=True))
             for sid in db.execute(query, params).scalars():
                 matched.setdefault(sid, []).append(place)
-        for sid in ids if found.hits else ():
+        for sid in ids:
             if sid in found.hits:
                 matched.setdefault(sid, []).extend(found.hits[sid])
         return matched

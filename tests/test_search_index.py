@@ -164,15 +164,15 @@ def test_a_common_word_walks_the_sessions_to_the_same_pages(engine_at, monkeypat
         walked[common, floor_at, hits_max] = {(q, limit): pages(engine, q, limit)
                                               for q in ("kumquat", "persimmon", "task") for limit in (3, 50)}
     assert len({repr(w) for w in walked.values()}) == 1
-    walked[1] = walked[1, 0, 9]
+    pages_of = walked[1, 0, 9]
     for q in ("kumquat", "persimmon", "task"):  # pages of 3 add up to the page of 50
-        assert walked[1][q, 3] == walked[1][q, 50]
-    assert walked[1]["persimmon", 3] == [("task 0: a persimmon grows here", ["title", "messages"]),
-                                         ("task 40", ["messages"])]
-    kumquat = walked[1]["kumquat", 3]
+        assert pages_of[q, 3] == pages_of[q, 50]
+    assert pages_of["persimmon", 3] == [("task 0: a persimmon grows here", ["title", "messages"]),
+                                        ("task 40", ["messages"])]
+    kumquat = pages_of["kumquat", 3]
     assert len(kumquat) == 13 + 5  # 13 asked for one, 5 more only read src/kumquat_*.py
     assert ("task 5", ["tool arguments"]) in kumquat and ("task 39 with a kumquat", ["title", "messages"]) in kumquat
-    assert len(walked[1]["task", 3]) == 41
+    assert len(pages_of["task", 3]) == 41
 
 
 def test_a_title_is_found_by_any_part_of_it_and_postgres_has_an_index_for_that(engine_at):

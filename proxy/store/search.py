@@ -184,19 +184,20 @@ FLOOR_AT = 200_000
 _SQLITE_INDEX = {"tool arguments": "search_tool_args", "tool results": "search_tool_results",
                  "messages": "search_messages_fts"}
 PLACES = tuple(_SQLITE_INDEX)  # where a search looks, besides titles
+
+
+def _sqlite_calls(index: str) -> tuple[str, str]:
+    """A tool-call place (arguments or results: the same rows, another FTS5 table)."""
+    return ("SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
+            "WHERE c.id IN (SELECT value FROM json_each(:rows))",
+            "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id "
+            f"WHERE t.session_id = sessions.id AND +c.id IN (SELECT rowid FROM {index} "
+            f"WHERE {index} MATCH :fts AND rowid >= :calls_from))")
+
+
 _SQLITE = {
-    "tool arguments": (
-        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-        "WHERE c.id IN (SELECT value FROM json_each(:rows))",
-        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id = sessions.id "
-        "AND +c.id IN (SELECT rowid FROM search_tool_args WHERE search_tool_args MATCH :fts "
-        "AND rowid >= :calls_from))"),
-    "tool results": (
-        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id "
-        "WHERE c.id IN (SELECT value FROM json_each(:rows))",
-        "EXISTS (SELECT 1 FROM turns t CROSS JOIN tool_calls c ON c.turn_id = t.id WHERE t.session_id = sessions.id "
-        "AND +c.id IN (SELECT rowid FROM search_tool_results WHERE search_tool_results MATCH :fts "
-        "AND rowid >= :calls_from))"),
+    "tool arguments": _sqlite_calls(_SQLITE_INDEX["tool arguments"]),
+    "tool results": _sqlite_calls(_SQLITE_INDEX["tool results"]),
     "messages": (
         "SELECT cn.session_id FROM search_messages m JOIN chain_nodes cn ON cn.message_hash = m.blob_hash "
         "WHERE m.id IN (SELECT value FROM json_each(:rows))",
@@ -211,15 +212,20 @@ _SQLITE_FLOORS = {
     "messages_from": "SELECT min(m.id) FROM chain_nodes cn CROSS JOIN search_messages m "
                      "ON m.blob_hash = cn.message_hash WHERE cn.session_id IN :ids",
 }
+# Postgres: where each place's words are (a tsvector column under a GIN index).
+_POSTGRES_WORDS = {"tool arguments": ("tool_calls", "search_args"), "tool results": ("tool_calls", "search_result"),
+                   "messages": ("search_messages", "body")}
+
+
+def _postgres_calls(column: str) -> tuple[str, str]:
+    return (f"SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.{column} @@ {{q}}",
+            "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
+            f"WHERE t.session_id = sessions.id AND c.{column} @@ {{q}})")
+
+
 _POSTGRES = {
-    "tool arguments": (
-        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.search_args @@ {q}",
-        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
-        "WHERE t.session_id = sessions.id AND c.search_args @@ {q})"),
-    "tool results": (
-        "SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.search_result @@ {q}",
-        "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
-        "WHERE t.session_id = sessions.id AND c.search_result @@ {q})"),
+    "tool arguments": _postgres_calls(_POSTGRES_WORDS["tool arguments"][1]),
+    "tool results": _postgres_calls(_POSTGRES_WORDS["tool results"][1]),
     "messages": (
         "SELECT cn.session_id FROM chain_nodes cn WHERE cn.message_hash IN "
         "(SELECT blob_hash FROM search_messages WHERE body @@ {q})",
@@ -232,9 +238,6 @@ _POSTGRES = {
 # tsvector columns keep the frequent words: within a few percent here); a wrong guess
 # makes a search slower, never its answer different.
 COMMON = 20_000
-_POSTGRES_ESTIMATES = ("SELECT 1 FROM search_messages WHERE body @@ {q}",
-                       "SELECT 1 FROM tool_calls WHERE search_args @@ {q}",
-                       "SELECT 1 FROM tool_calls WHERE search_result @@ {q}")
 
 
 @dataclass
@@ -261,8 +264,9 @@ def places(conn, dialect: str, terms: list[str]) -> Places:
         q = "(" + " && ".join(f"tooltap_search_phrase(:t{i})" for i in range(len(terms))) + ")"
         sql = {k: (a.format(q=q), b.format(q=q)) for k, (a, b) in _POSTGRES.items()}
         found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params)
-        plans = [conn.execute(text("EXPLAIN (FORMAT JSON) " + e.format(q=q)), params).scalar()
-                 for e in _POSTGRES_ESTIMATES]
+        estimate = "EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {} @@ " + q
+        plans = [conn.execute(text(estimate.format(table, column)), params).scalar()
+                 for table, column in _POSTGRES_WORDS.values()]
         found.common = sum(plan[0]["Plan"]["Plan Rows"] for plan in plans) >= COMMON
         return found
     params = {"fts": fts5_query(terms)}

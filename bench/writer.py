@@ -78,16 +78,24 @@ def capture(body: bytes, events) -> object:
 class Run:
     """A WriterProcess and the counts to pace it by."""
 
-    def __init__(self, db_url: str, folder: Path):
+    def __init__(self, db_url: str, folder: Path, writers: int):
         from proxy.store.process import WriterProcess
+        from proxy.store.shards import Writers
 
-        self.writer = WriterProcess(db_url, spool_path=str(folder / "spool.jsonl"))
+        spool = str(folder / "spool.jsonl")
+        self.writer = Writers(db_url, spool, writers) if writers > 1 else WriterProcess(db_url, spool_path=spool)
         self.writer.start()
+        self.processes = getattr(self.writer, "shards", [self.writer])
         self.submitted = 0
 
     @property
     def pid(self) -> int:
-        return self.writer._process.pid
+        """The first writer process (for py-spy)."""
+        return self.processes[0]._process.pid
+
+    def cpu(self) -> float:
+        """CPU seconds of every writer process."""
+        return sum(cpu_seconds(p._process.pid) for p in self.processes)
 
     def submit(self, record, ahead: int) -> None:
         while self.submitted - self.writer.written >= ahead:
@@ -112,7 +120,7 @@ def sustained(run: Run, a, events) -> list[dict]:
 
     def sample() -> None:
         while not stop.is_set():
-            marks.append((time.perf_counter(), run.writer.written, cpu_seconds(run.pid)))
+            marks.append((time.perf_counter(), run.writer.written, run.cpu()))
             stop.wait(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -131,7 +139,7 @@ def sustained(run: Run, a, events) -> list[dict]:
     run.drain()
     stop.set()
     sampler.join()
-    marks.append((time.perf_counter(), run.writer.written, cpu_seconds(run.pid)))
+    marks.append((time.perf_counter(), run.writer.written, run.cpu()))
     print()
     bands = []
     edges = list(range(0, a.stored + 1, a.band))
@@ -154,14 +162,14 @@ def long_sessions(run: Run, a, events) -> tuple[list[float], list[float]]:
     tpl = template(a.long_turns)
     sessions = [bodies_of(tpl, 900_000 + k) for k in range(a.long_sessions)]
     wall, cpu = [], []
-    for t in range(a.long_turns):
+    for t in range(a.long_turns if sessions else 0):
         records = [capture(s[t], events) for s in sessions]
-        t0, c0 = time.perf_counter(), cpu_seconds(run.pid)
+        t0, c0 = time.perf_counter(), run.cpu()
         for r in records:
             run.submit(r, 10**9)
         run.drain()
         wall.append((time.perf_counter() - t0) / len(records) * 1e3)
-        cpu.append((cpu_seconds(run.pid) - c0) / len(records) * 1e3)
+        cpu.append((run.cpu() - c0) / len(records) * 1e3)
     return wall, cpu
 
 
@@ -186,6 +194,7 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=50, help="turns per session (the storage.py session)")
     ap.add_argument("--band", type=int, default=10_000, help="turns per reported band")
     ap.add_argument("--ahead", type=int, default=2000, help="turns submitted but not yet stored, at most")
+    ap.add_argument("--writers", type=int, default=1, help="writer processes (serve --writers)")
     ap.add_argument("--long-sessions", type=int, default=10)
     ap.add_argument("--long-turns", type=int, default=200)
     ap.add_argument("--profile", metavar="FILE",
@@ -203,9 +212,9 @@ def main() -> int:
         if count_turns(db_url):
             print(f"{db_url.split('@')[-1]} holds turns already: give an empty database", file=sys.stderr)
             return 2
-        print(f"writer: {db_url.split('://')[0]}, {a.sessions} sessions at once x {a.turns} turns, "
+        print(f"writer: {db_url.split('://')[0]}, {a.writers} writer process(es), {a.sessions} sessions at once x {a.turns} turns, "
               f"until {a.stored:,} turns are stored", flush=True)
-        run = Run(db_url, Path(tmp))
+        run = Run(db_url, Path(tmp), a.writers)
         spy = None
         if a.profile:
             spy = subprocess.Popen([os.environ.get("PY_SPY", "py-spy"), "record", "--pid", str(run.pid),
@@ -229,7 +238,7 @@ def main() -> int:
     print(table([[f"{b['from']:,}-{b['to']:,}", f"{b['turns_per_s']:.0f}", f"{b['writer_cpu_ms_per_turn']:.2f}"]
                  for b in bands], ["stored", "turns/s", "writer CPU ms/turn"]))
     k = max(1, len(per_turn) // 10)
-    starts = (0, len(per_turn) // 2 - k // 2, len(per_turn) - k)
+    starts = (0, len(per_turn) // 2 - k // 2, len(per_turn) - k) if per_turn else ()
     print(f"\n== Session length: ms per turn by turn number ({a.long_sessions} sessions, flushed each round) ==")
     print(table([[f"{i + 1}-{i + k}", f"{median(per_turn[i:i + k]):.2f}", f"{median(per_turn_cpu[i:i + k]):.2f}"]
                  for i in starts], ["turns", "ms/turn (wall, with the journal's fsync)", "writer CPU ms/turn"]))

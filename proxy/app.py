@@ -12,6 +12,7 @@ from .config import RESERVED_PREFIX, Settings
 from .forward import Forwarder, StreamCut, make_client
 from .live import LiveHub
 from .store.process import WriterProcess
+from .store.shards import Writers
 from .store.writer import Writer
 
 log = logging.getLogger("tooltap")
@@ -26,7 +27,7 @@ class TooltapApp:
 
         self.settings = settings
         self.live = LiveHub()
-        self.writer = writer or WriterProcess(settings.db_url, spool_path=settings.spool_file(), live=self.live)
+        self.writer = writer or _writer(settings, self.live)
         self.client = None
         self.forwarder: Forwarder | None = None
         # Set by the server when a stop begins: the monotonic time by which the process
@@ -73,6 +74,12 @@ class TooltapApp:
                 return await _redirect(send, RESERVED_PREFIX + "/")
             return await self.forwarder(scope, receive, send)
         return await self.inspector(scope, receive, send)  # lifespan, websocket
+
+
+def _writer(settings: Settings, live: LiveHub):
+    if settings.writers > 1:
+        return Writers(settings.db_url, settings.spool_file(), settings.writers, live=live)
+    return WriterProcess(settings.db_url, spool_path=settings.spool_file(), live=live)
 
 
 def _mcp_proxy(settings: Settings):

@@ -92,11 +92,14 @@ def _secret_names(ctx, param, values):
               help="Also serve this streamable-HTTP MCP server at /_mcp/NAME and record its traffic. Repeatable.")
 @click.option("--workers", envvar="TOOLTAP_WORKERS", default=1, show_default=True, type=click.IntRange(1, 64),
               help="tooltap processes serving the port, one core each (they share the database). Env: TOOLTAP_WORKERS.")
+@click.option("--writers", envvar="TOOLTAP_WRITERS", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Processes that store turns, one core each at full load (a conversation always goes to the "
+                   "same one). One stores a few hundred agent turns a second. Env: TOOLTAP_WRITERS.")
 @click.option("--turn-header", is_flag=True, envvar="TOOLTAP_TURN_HEADER",
               help="Add X-Tooltap-Turn: UID to every forwarded response; GET /_tooltap/api/turns/uid/UID?wait=5 "
                    "then gives that turn (a test finds its own turn without polling). Env: TOOLTAP_TURN_HEADER=1.")
 def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers,
-          shutdown_grace, max_connections, mcp_servers, workers, turn_header) -> None:
+          shutdown_grace, max_connections, mcp_servers, workers, writers, turn_header) -> None:
     """Forward agent traffic to the upstream and record every turn."""
     from .app import TooltapApp
     from .server import exit_now, serve as run_server
@@ -114,7 +117,7 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
         logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
                         spool_path=spool_path, ui_token=ui_token or None, mcp_servers=mcp_servers,
-                        turn_header=turn_header)
+                        turn_header=turn_header, writers=writers)
     if worker is None and workers > 1:
         _serve_workers(settings, host, port, ui_token, db_url, workers)
     if worker:

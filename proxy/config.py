@@ -53,6 +53,7 @@ class Settings:
     ui_token: str | None = None
     mcp_servers: tuple = ()  # proxy.mcp.http.McpUpstream: streamable-HTTP MCP servers served under /_mcp/NAME
     turn_header: bool = False  # answer each forwarded request with X-Tooltap-Turn: the turn's uid
+    writers: int = 1  # writer processes (store/shards.py)
 
     def resolve(self, path: str) -> tuple[Upstream, str] | None:
         """The upstream serving `path` and the path to send it, or None."""

@@ -45,11 +45,13 @@ def worker_spool(spool_file: str, index: int) -> str:
     return spool_file if index == 0 else f"{spool_file}.worker{index}"
 
 
-def adopt_left_over_spools(spool_file: str, workers: int) -> int:
-    """Append the spools of workers beyond `workers` to worker 0's; returns how many."""
+def adopt_left_over_spools(spool_file: str, workers: int, kind: str = "worker") -> int:
+    """Append the spools of workers beyond `workers` to worker 0's; returns how many.
+    (`kind` "writer": the same for the writers of one tooltap, store/shards.py; a
+    former worker's writers' spools go with the worker's.)"""
     adopted = 0
-    for path in sorted(glob.glob(glob.escape(spool_file) + ".worker*")):
-        m = re.fullmatch(re.escape(spool_file) + r"\.worker(\d+)(\.replaying)?", path)
+    for path in sorted(glob.glob(glob.escape(spool_file) + f".{kind}*")):
+        m = re.fullmatch(re.escape(spool_file) + rf"\.{kind}(\d+)(\.writer\d+)?(\.replaying)?", path)
         if not m or int(m.group(1)) < workers:
             continue
         with open(path, "rb") as src, open(spool_file, "ab") as dst:

@@ -123,6 +123,7 @@ class LiveWatch:
 
     def __init__(self, url: str):
         self.ids: set[int] = set()
+        self.announced: list[int] = []  # in order, repeats included
         self.connected = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, args=(url,), daemon=True)
@@ -146,7 +147,8 @@ class LiveWatch:
                     if event == "hello":
                         self.connected.set()
                 elif line.startswith("data:") and event == "turn_stored":
-                    self.ids.add(json.loads(line.split(":", 1)[1])["turn_id"])
+                    self.announced.append(json.loads(line.split(":", 1)[1])["turn_id"])
+                    self.ids.add(self.announced[-1])
 
     def wait_for(self, ids: set[int], timeout: float = 15) -> set[int]:
         deadline = time.monotonic() + timeout

@@ -253,10 +253,10 @@ def test_a_turn_that_cannot_be_stored_does_not_hold_back_the_others(tmp_path, mo
 
     real_add = ingest.Ingestor.add
 
-    def add(self, db, rec):
+    def add(self, rec):
         if b"poison" in rec.request_body:
             raise ValueError("a value this database refuses")
-        return real_add(self, db, rec)
+        return real_add(self, rec)
 
     monkeypatch.setattr(ingest.Ingestor, "add", add)
     writer = Writer(f"sqlite:///{tmp_path / 'w.db'}", spool_path=str(tmp_path / "spool"))

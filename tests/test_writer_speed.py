@@ -82,7 +82,7 @@ class Store:
         """Store one batch; returns the statements it took."""
         before = self.statements
         with DB(self.engine, autoflush=False) as db:
-            items = [self.ingestor.add(db, r) for r in records]
+            items = [self.ingestor.add(r) for r in records]
             self.ingestor.write(db, items)
             decode_new_turns(db, items, self.recent, self.blobs)
             db.commit()

@@ -123,22 +123,30 @@ class Ingestor:
         self._models_stmt = (update(_SESSIONS).where(_SESSIONS.c.id == bindparam("sid"))
                              .values(models=bindparam("models")))
 
-    def check_epoch(self, conn) -> None:
+    def check_epoch(self, conn) -> bool:
         """Call first in each batch's transaction. A prune (retention.py) may have deleted
         blobs or chain nodes this process remembers as stored: it raises store_epoch in
         the transaction that deletes them, and this transaction cannot overlap it (SQLite:
         both BEGIN IMMEDIATE; Postgres: PRUNE_LOCK, shared here, alone in the prune). A
-        moved epoch means: trust nothing remembered, upsert every blob and node again."""
+        moved epoch means: trust nothing remembered, upsert every blob and node again.
+        Returns True when that dropped hashes which `add()` may have trusted already."""
         if self.dialect == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": PRUNE_LOCK})
         epoch = conn.execute(text("SELECT epoch FROM store_epoch WHERE id = 1")).scalar()
-        if epoch != self._epoch:
-            self._known.clear()
-            self._epoch = epoch
+        if epoch == self._epoch:
+            return False
+        trusted = bool(self._known)
+        self._known.clear()
+        self._epoch = epoch
+        return trusted
+
+    def discard_batch(self) -> None:
+        """Forget the blobs `add()` gathered for a batch that is prepared again."""
+        self._blobs, self._messages = {}, {}
 
     # -- per turn, no database ---------------------------------------------------------
 
-    def add(self, db: DB | None, rec: TurnRecord) -> Ingested:
+    def add(self, rec: TurnRecord) -> Ingested:
         api = apis.by_name(rec.api)
         parsed = self._requests.parse(rec.request_body, api.keys.messages if api and api.keys else None)
         request, request_problem = parsed.value, parsed.problem

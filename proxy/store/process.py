@@ -77,7 +77,8 @@ def _env_number(name: str, default: float) -> float:
 class WriterProcess:
     def __init__(self, db_url: str, spool_path: str, *, busy_timeout: float = 2.0,
                  live: LiveHub | None = None, journal: str | None = None, fsync_seconds: float | None = None,
-                 memory_bytes: int | None = None, segment_bytes: int | None = None):
+                 memory_bytes: int | None = None, segment_bytes: int | None = None,
+                 instance: str | None = None, own: Own | None = None, listen: bool = True):
         self.db_url = db_url
         self.busy_timeout = busy_timeout
         self.engine = make_engine(db_url, busy_timeout=busy_timeout)
@@ -105,9 +106,11 @@ class WriterProcess:
         self._spawn_lock = threading.Lock()
         self._closing = False
         # Names this instance among those sharing the database; their turns reach the
-        # live view too (peers.py), this one's own come from its writer.
-        self.instance = uuid.uuid4().hex[:12]
-        self._own = Own()
+        # live view too (peers.py), this one's own come from its writer. Several writers
+        # of one tooltap (shards.py) share the name, and one of them listens.
+        self.instance = instance or uuid.uuid4().hex[:12]
+        self._own = own or Own()
+        self._listen_to_peers = listen
         self._peers: PeerTurns | None = None
 
     def start(self) -> None:
@@ -117,7 +120,7 @@ class WriterProcess:
         self._spawn()
         self._listener = threading.Thread(target=self._listen, name="tooltap-writer-events", daemon=True)
         self._listener.start()
-        if self.live is not None:
+        if self.live is not None and self._listen_to_peers:
             self._peers = PeerTurns(self.db_url, self.live, self.instance, self._own).start()
 
     def _spawn(self) -> None:

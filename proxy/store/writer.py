@@ -222,10 +222,16 @@ class Writer:
     def _commit(self, records: list[TurnRecord]) -> tuple[list[dict], int]:
         """One transaction for the batch; returns the live events to announce it and how
         many turns were new."""
+        # The work that needs no database comes first, before SQLite's write lock is
+        # taken: other writers on the file (`--writers`, `--workers`) store meanwhile.
+        prepared = [self._ingestor.add(r) for r in records]
         with DB(self.engine, autoflush=False) as db:
-            self._ingestor.check_epoch(db.connection())  # before add(): it trusts what is known
-            records = self._unseen(db, records)
-            stored = [self._ingestor.add(db, r) for r in records]
+            if self._ingestor.check_epoch(db.connection()):  # a prune ran: add() trusted stale hashes
+                self._ingestor.discard_batch()
+                prepared = [self._ingestor.add(r) for r in records]
+            fresh = {id(r) for r in self._unseen(db, records)}
+            stored = [item for r, item in zip(records, prepared) if id(r) in fresh]
+            records = [r for r in records if id(r) in fresh]
             if stored:
                 self._ingestor.write(db, stored)
             decode_new_turns(db, stored, self._recent, self._blobs)

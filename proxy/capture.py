@@ -11,7 +11,6 @@ live in the inspector: then it runs as the chunks pass, to show the text growing
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import tempfile
@@ -49,7 +48,7 @@ class TurnRecord:
     duration_ms: float | None = None
     raw: bytes | str = b""  # exact bytes sent to the client, or the path of a file holding them
     raw_size: int = 0
-    raw_sha256: str = ""
+    raw_sha256: str = ""  # worked out by the writer when empty (off the hot path)
     timeline: list[list[float]] = field(default_factory=list)  # [byte offset, ms since start]
     response: dict[str, Any] | None = None  # assembled from the stream; None: parse `raw` later
     stream_error: dict[str, Any] | None = None
@@ -222,7 +221,6 @@ class Capture:
         self._t0 = time.perf_counter()
         self._raw = RawBuffer()
         self._raw_ok = True
-        self._sha = hashlib.sha256()
         self._size = 0
         self._assembly: StreamAssembly | None = None  # only while watched live
 
@@ -246,11 +244,11 @@ class Capture:
     def feed(self, chunk: bytes) -> None:
         """Never raises: a capture that fails (a full disk) is flagged, the stream goes on."""
         rec = self.record
+        at = (time.perf_counter() - self._t0) * 1000
         if rec.ttft_ms is None:
-            rec.ttft_ms = self.elapsed_ms()
+            rec.ttft_ms = at
         if len(rec.timeline) < TIMELINE_MAX:
-            rec.timeline.append([self._size, round(self.elapsed_ms(), 3)])
-        self._sha.update(chunk)
+            rec.timeline.append([self._size, round(at, 3)])
         self._size += len(chunk)
         if self._raw_ok:
             try:
@@ -279,8 +277,7 @@ class Capture:
         elif (rec.http_status or 0) >= 400 or rec.stream_error:
             rec.status = "upstream_error"
         rec.raw = self._raw.hand_over()  # the writer stores it, then releases it
-        rec.raw_size = self._size
-        rec.raw_sha256 = self._sha.hexdigest()
+        rec.raw_size = self._size  # its sha256 is the writer's work
         if rec.live_id is not None:
             self.live.publish({"type": "turn_finished", "live_id": rec.live_id, "status": rec.status})
         return rec

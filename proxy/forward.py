@@ -237,21 +237,22 @@ class _HangUpWatch:
 
 
 async def _pump(response: upstream_client.Response, capture: Capture, send) -> tuple[str | None, str | None]:
-    """Copy the body to the client as it arrives, one write per upstream read.
+    """Copy the body to the client as it arrives, one write per upstream read (the last
+    one carries the end of the response too: one write less, one wake-up less).
     Returns (status, error) for anything but a normal end."""
-    while True:
+    more = True
+    while more:
         try:
             chunk = await response.read()
         except _UPSTREAM_ERRORS as exc:
             return "upstream_aborted", _describe(exc)
-        if not chunk:
-            break
+        more = bool(chunk) and not response.ended
         try:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
         except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
             return "client_aborted", f"the client closed the connection ({type(exc).__name__})"
-        capture.feed(chunk)
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if chunk:
+            capture.feed(chunk)
     return None, None
 
 

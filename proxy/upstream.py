@@ -101,6 +101,11 @@ class Response:
         self._conn.resume()
         return data
 
+    @property
+    def ended(self) -> bool:
+        """The whole body has been read."""
+        return self.complete and not self._pieces
+
     def release(self) -> None:
         """Done with the answer: a finished one leaves its connection for the next request."""
         self._conn.finished(self)

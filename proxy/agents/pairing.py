@@ -41,9 +41,10 @@ def region(parent_len: int, child: list[Message], ids: set[str]) -> list[Message
     """The messages of the child's request that answer the parent's reply: after the
     assistant message that made the calls, up to the next assistant message."""
     start = None
-    if ids:
-        start = next((i for i, m in enumerate(child)
-                      if m.role == "assistant" and not m.call_ids.isdisjoint(ids)), None)
+    if ids:  # where the parent's reply sits first (the child resends the parent's history), then anywhere
+        start = _calls_from(child, ids, min(parent_len, len(child)), len(child))
+        if start is None:
+            start = _calls_from(child, ids, 0, min(parent_len, len(child)))
     if start is None:
         if parent_len < len(child):
             start = parent_len
@@ -56,6 +57,15 @@ def region(parent_len: int, child: list[Message], ids: set[str]) -> list[Message
     while end < len(child) and child[end].role != "assistant":
         end += 1
     return child[i:end]
+
+
+def _calls_from(child: list[Message], ids: set[str], first: int, end: int) -> int | None:
+    """The first assistant message in child[first:end] that made one of the calls `ids`."""
+    for i in range(first, end):
+        m = child[i]
+        if m.role == "assistant" and not m.call_ids.isdisjoint(ids):
+            return i
+    return None
 
 
 def pair(parent_len: int, child: list[Message], calls: list[PairCall]) -> tuple[dict[Any, dict], dict[Any, Segment]]:

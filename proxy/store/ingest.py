@@ -17,6 +17,7 @@ SQLite serialises writers by itself (the writer begins with BEGIN IMMEDIATE).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ class Ingestor:
         self.dialect = dialect
         self._insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         self._known: set[str] = set()  # blob and chain hashes written by this process
+        self._generation = 0  # counts the times _known was emptied (see _split_request)
         self._epoch: int | None = None  # store_epoch when _known was last checked
         self._blobs: dict[str, bytes] = {}  # new blobs of the batch being built
         self._messages: dict[str, Any] = {}  # the messages among them, for the search index
@@ -136,13 +138,18 @@ class Ingestor:
         if epoch == self._epoch:
             return False
         trusted = bool(self._known)
-        self._known.clear()
+        self._forget_known()
         self._epoch = epoch
         return trusted
 
     def discard_batch(self) -> None:
         """Forget the blobs `add()` gathered for a batch that is prepared again."""
         self._blobs, self._messages = {}, {}
+        self._generation += 1
+
+    def _forget_known(self) -> None:
+        self._known.clear()
+        self._generation += 1
 
     # -- per turn, no database ---------------------------------------------------------
 
@@ -151,6 +158,7 @@ class Ingestor:
         parsed = self._requests.parse(rec.request_body, api.keys.messages if api and api.keys else None)
         request, request_problem = parsed.value, parsed.problem
         response, response_note = self._response(rec, api)
+        sha = hashlib.sha256()
         turn = NewTurn(**_TURN_DEFAULTS)
         turn.id = None
         turn.__dict__.update(
@@ -159,8 +167,8 @@ class Ingestor:
             started_at=rec.started_at, ttft_ms=rec.ttft_ms, duration_ms=rec.duration_ms,
             request_size=len(rec.request_body), request_headers=rec.request_headers,
             response_headers=rec.response_headers,
-            raw=content.compress_chunks(rec.iter_raw(), 6 if rec.raw_size < (8 << 20) else 1),
-            raw_size=rec.raw_size, raw_sha256=rec.raw_sha256,
+            raw=content.compress_chunks(_hashed(rec.iter_raw(), sha), 6 if rec.raw_size < (8 << 20) else 1),
+            raw_size=rec.raw_size, raw_sha256=rec.raw_sha256 or sha.hexdigest(),
             content_type=_header(rec.response_headers, "content-type"),
             content_encoding=_header(rec.response_headers, "content-encoding"),
             timeline=content.pack(rec.timeline) if rec.timeline else None,
@@ -262,13 +270,21 @@ class Ingestor:
         turn.request_skeleton = skeleton
         turn.message_count = len(messages) - lead
         earlier = base.hashes if base is not None else ()
-        hashes = [self._blob(m, earlier[i] if i < reused else None) for i, m in enumerate(messages) if i >= lead]
-        for h, m in zip(hashes, messages[lead:]):
+        if base is not None and base.lead == lead < reused and base.known_in == self._generation:
+            # The shared messages' blobs are stored or in this batch since the earlier
+            # request: only the new ones are looked at (a long session costs no more).
+            first = reused
+            hashes = earlier[lead:reused] + [self._blob(m) for m in messages[reused:]]
+        else:
+            first = lead
+            hashes = [self._blob(m, earlier[i] if i < reused else None) for i, m in enumerate(messages) if i >= lead]
+        for h, m in zip(hashes[first - lead:], messages[first:]):
             if h in self._blobs:  # new to this writer: index it with the batch
                 self._messages[h] = m
         if parsed.prefix is not None:
             parsed.prefix.hashes = [None] * lead + hashes
             parsed.prefix.lead, parsed.prefix.system_hash = lead, turn.system_hash if lead else None
+            parsed.prefix.known_in = self._generation
         return hashes
 
     def _blob(self, value: Any, known_hash: str | None = None) -> str:
@@ -339,7 +355,7 @@ class Ingestor:
 
     def _remember(self, hashes) -> None:
         if len(self._known) > KNOWN_MAX:  # a cache, not a record: start over
-            self._known.clear()
+            self._forget_known()
         self._known.update(hashes)
 
     def _update_sessions(self, conn, items: list[Ingested]) -> None:
@@ -392,6 +408,13 @@ def _hash_kept(parsed: Parsed, key: str, value: Any) -> str | None:
         prefix.hashes_of[key] = known or content.content_hash(value)
         return prefix.hashes_of[key]
     return known
+
+
+def _hashed(chunks, sha):
+    """The chunks, each added to `sha` on the way (the raw bytes are read once)."""
+    for chunk in chunks:
+        sha.update(chunk)
+        yield chunk
 
 
 def _turn_row(turn: NewTurn) -> dict:

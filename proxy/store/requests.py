@@ -53,6 +53,7 @@ class Prefix:
     memo: dict = field(default_factory=dict)  # the decoders' views of its messages (agents/base.py)
     values: dict[str, tuple[str, Any]] = field(default_factory=dict)  # large values after the messages
     hashes_of: dict[str, str] = field(default_factory=dict)  # content hashes of those values
+    known_in: int = -1  # the writer's generation of stored hashes its own were known in (ingest.py)
 
 
 @dataclass

@@ -561,6 +561,7 @@ class JournalReader:
         self._out: collections.deque[list] = collections.deque()  # [uid, number, start, size, done]
         self._waiting: dict[str, list] = {}
         self.outstanding_bytes = 0
+        self._deleter = _Deleter()
 
     @property
     def position(self) -> Position:
@@ -611,6 +612,10 @@ class JournalReader:
                 self._trim()
 
     def close(self) -> None:
+        self._close_file()
+        self._deleter.finish()
+
+    def _close_file(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -621,10 +626,7 @@ class JournalReader:
         for n in segments(self.slot):
             if n >= oldest_needed:
                 break
-            try:
-                os.remove(segment_path(self.slot, n))
-            except FileNotFoundError:
-                pass
+            self._deleter.delete(segment_path(self.slot, n))
 
     def _path(self) -> str:
         return segment_path(self.slot, self._pos[0])
@@ -649,7 +651,7 @@ class JournalReader:
             if n:
                 log.warning("journal: %s ends in an incomplete turn (torn by a crash); the rest of "
                             "that segment is skipped", self._path())
-            self.close()
+            self._close_file()
             self._pos = (later[0] if later else number + 1, 0)
             self._trim()
 
@@ -664,3 +666,38 @@ class JournalReader:
         except FileNotFoundError:
             return False
         return True
+
+
+class _Deleter:
+    """Deletes used segments on a thread of its own: freeing a segment's blocks takes the
+    file system a few milliseconds, mostly waiting, which the writer need not wait for.
+    (One left undeleted by a crash is read again, its turns skipped as stored.)"""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queued: set[str] = set()
+        self._thread: threading.Thread | None = None
+
+    def delete(self, path: str) -> None:
+        if path in self._queued:
+            return
+        self._queued.add(path)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tooltap-journal-trim", daemon=True)
+            self._thread.start()
+        self._queue.put(path)
+
+    def finish(self) -> None:
+        """Wait for the deletions asked so far."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while (path := self._queue.get()) is not None:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            self._queued.discard(path)

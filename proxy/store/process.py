@@ -316,6 +316,7 @@ def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_
             deadline = time.monotonic() + timeout
             feed.catch_up(end, deadline)
             writer.close(max(0.1, deadline - time.monotonic()))
+            reader.close()  # the segments stored are deleted before the next tooltap reads the slot
             outbox.put(("progress", (reader.confirmed, *counts())))
             outbox.put(("flushed", (0, *counts())))
             return

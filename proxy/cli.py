@@ -135,6 +135,8 @@ def _banner(settings: Settings, host: str, port: int, ui_token, db_url: str, not
         click.echo(f"tooltap: MCP http://{host}:{port}{m.prefix} -> {m.url}")
     for up in settings.upstreams:
         click.echo(f"tooltap: http://{host}:{port}{up.prefix or '/'} -> {up.url}")
+    if settings.writers > 1:
+        note += f", {settings.writers} writer processes{' each' if note else ''}"
     click.echo(f"tooltap: inspector at http://{host}:{port}/_tooltap/"
                f"{'?token=...' if ui_token else ''}  (database: {db_url}){note}")
 

@@ -60,7 +60,7 @@ def journal_dir(spool_path: str) -> str:
     return os.path.join(folder, f".{name}.journal")
 
 
-def _env_number(name: str, default: float) -> float:
+def env_number(name: str, default: float) -> float:
     value = os.environ.get(name)
     if not value:
         return default
@@ -85,11 +85,11 @@ class WriterProcess:
         self.spool = Spool(spool_path)
         self.live = live
         if fsync_seconds is None:
-            fsync_seconds = _env_number("TOOLTAP_FSYNC_MS", FSYNC_SECONDS * 1000) / 1000
+            fsync_seconds = env_number("TOOLTAP_FSYNC_MS", FSYNC_SECONDS * 1000) / 1000
         if memory_bytes is None:
-            memory_bytes = int(_env_number("TOOLTAP_WRITER_MEMORY_MB", MEMORY_BYTES / 2**20) * 2**20)
+            memory_bytes = int(env_number("TOOLTAP_WRITER_MEMORY_MB", MEMORY_BYTES / 2**20) * 2**20)
         if segment_bytes is None:
-            segment_bytes = int(_env_number("TOOLTAP_JOURNAL_SEGMENT_MB", SEGMENT_BYTES / 2**20) * 2**20)
+            segment_bytes = int(env_number("TOOLTAP_JOURNAL_SEGMENT_MB", SEGMENT_BYTES / 2**20) * 2**20)
         self.memory_bytes = max(memory_bytes, 1 << 16)
         self.journal = Journal(journal or os.environ.get("TOOLTAP_JOURNAL") or journal_dir(spool_path),
                                fsync_seconds=fsync_seconds, segment_bytes=max(segment_bytes, 1 << 16))
@@ -272,7 +272,7 @@ def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     try:
-        os.nice(int(_env_number("TOOLTAP_WRITER_NICE", NICENESS)))
+        os.nice(int(env_number("TOOLTAP_WRITER_NICE", NICENESS)))
     except OSError:
         pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -26,8 +26,9 @@ import zlib
 
 from ..capture import TurnRecord
 from ..live import LiveHub
+from ..workers import adopt_left_over_spools
 from .peers import Own
-from .process import MEMORY_BYTES, WriterProcess, _env_number, journal_dir
+from .process import MEMORY_BYTES, WriterProcess, env_number, journal_dir
 
 OPENING = 96  # bytes after the first "user" that tell conversations apart
 _USER = b'"user"'
@@ -56,11 +57,8 @@ class Writers:
 
     def __init__(self, db_url: str, spool_path: str, count: int, *, live: LiveHub | None = None,
                  busy_timeout: float = 2.0):
-        from ..workers import adopt_left_over_spools
-
         self.spool_path = spool_path
-        self._adopt = adopt_left_over_spools
-        memory = int(_env_number("TOOLTAP_WRITER_MEMORY_MB", MEMORY_BYTES / 2**20) * 2**20)
+        memory = int(env_number("TOOLTAP_WRITER_MEMORY_MB", MEMORY_BYTES / 2**20) * 2**20)
         journal = os.environ.get("TOOLTAP_JOURNAL") or journal_dir(spool_path)
         # One instance to the other tooltaps on the database, and to its own live view:
         # writer 1's turns are not a peer's, writer 0's listener must skip them.
@@ -73,7 +71,7 @@ class Writers:
 
     def start(self) -> None:
         # Fewer writers than last time: the spools of the ones gone go to writer 0.
-        self._adopt(self.spool_path, len(self.shards), "writer")
+        adopt_left_over_spools(self.spool_path, len(self.shards), "writer")
         for shard in self.shards:
             shard.start()
 

@@ -212,8 +212,8 @@ def main() -> int:
         if count_turns(db_url):
             print(f"{db_url.split('@')[-1]} holds turns already: give an empty database", file=sys.stderr)
             return 2
-        print(f"writer: {db_url.split('://')[0]}, {a.writers} writer process(es), {a.sessions} sessions at once x {a.turns} turns, "
-              f"until {a.stored:,} turns are stored", flush=True)
+        print(f"writer: {db_url.split('://')[0]}, {a.writers} writer process(es), {a.sessions} sessions at once "
+              f"x {a.turns} turns, until {a.stored:,} turns are stored", flush=True)
         run = Run(db_url, Path(tmp), a.writers)
         spy = None
         if a.profile:

@@ -1,11 +1,13 @@
 """tooltap with parts switched off, to see where its overhead goes (diagnostics only; the
 real benchmark runs `tooltap serve`). Serves exactly as `tooltap serve` does otherwise.
 
-    python bench/variant.py --upstream URL --db PATH --port N [--sink drop] [--no-capture]
+    python bench/variant.py --upstream URL --db PATH --port N [--sink drop|journal] [--no-capture]
                             [--switch-interval SECONDS]
 
-  --sink drop         turns are dropped instead of queued for the writer thread: no
-                      database work at all (forwarding + capture only)
+  --sink drop         turns are dropped instead of handed to the writer: no storage
+                      work at all (forwarding + capture only)
+  --sink journal      turns are journaled (the proxy's share of storage) and never
+                      read: no writer process
   --no-capture        Capture.feed does nothing: no copy, hash, timeline, SSE decoding
   --switch-interval   sys.setswitchinterval (the GIL hand-off period, default 0.005)
   --stages FILE       append each request's stage times (perf_counter, one JSON list a
@@ -39,6 +41,25 @@ class DropWriter:
         self.written += 1
 
 
+class JournalOnly(DropWriter):
+    """Journals turns as the proxy does, with no writer process to read them."""
+
+    def __init__(self, folder: str) -> None:
+        from proxy.store.journal import Journal
+
+        self.journal = Journal(folder)
+
+    def start(self) -> None:
+        self.journal.start()
+
+    def close(self, timeout: float = 0) -> None:
+        self.journal.close()
+
+    def submit(self, record) -> None:
+        self.journal.submit(record)
+        self.written += 1
+
+
 def main() -> None:
     import uvicorn
 
@@ -52,7 +73,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--log-level", default="warning")
-    ap.add_argument("--sink", choices=["writer", "drop"], default="writer")
+    ap.add_argument("--sink", choices=["writer", "drop", "journal"], default="writer")
     ap.add_argument("--no-capture", action="store_true")
     ap.add_argument("--switch-interval", type=float)
     ap.add_argument("--stages", metavar="FILE")
@@ -68,7 +89,8 @@ def main() -> None:
         app = BareProxy(a.upstream)
     else:
         settings = Settings(upstreams=(Upstream.parse(a.upstream),), db_url=a.db)
-        app = TooltapApp(settings, writer=DropWriter() if a.sink == "drop" else None)
+        sinks = {"drop": DropWriter, "journal": lambda: JournalOnly(a.db.removeprefix("sqlite:///") + ".journal")}
+        app = TooltapApp(settings, writer=sinks[a.sink]() if a.sink in sinks else None)
     if a.stages:
         from stages import Stages
 

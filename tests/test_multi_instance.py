@@ -27,7 +27,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from proxy.capture import TurnRecord
+from proxy.live import LiveHub
 from proxy.scripted import Reply, ScriptedUpstream
+from proxy.store.peers import Own, PeerTurns
 from proxy.store.writer import Writer
 from tests.conftest import Server, free_port, postgres_url
 from tests.processes import REPO, Tooltap
@@ -271,3 +273,44 @@ def test_workers_share_a_port_and_one_sqlite_file(tmp_path):
     assert without_times(snap) == without_times(one_writer_baseline(tmp_path, scripted.received, engine))
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_live_view_on_sqlite_sees_a_burst_stored_before_its_first_poll(tmp_path):
+    """Another process's turns that land right after a view opens, before the poller's next
+    read, are announced too (the poller knows the newest id before anyone watches)."""
+    db_url = f"sqlite:///{tmp_path / 'peers.db'}"
+    other = Writer(db_url, spool_path=str(tmp_path / "other.spool"))
+    other.start()
+
+    def store(n: int) -> None:
+        for k in range(n):
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"task {time.time()} {k}"}]})
+            other.submit(TurnRecord(started_at=time.time(), method="POST", path="/v1/chat/completions",
+                                    upstream="http://up", request_headers=[], request_body=body.encode(),
+                                    api="openai.chat", http_status=200, stream=False, raw=b"{}", raw_size=2))
+        other.flush(10)
+
+    async def watch() -> set[int]:
+        hub = LiveHub()
+        peers = PeerTurns(db_url, hub, "watcher", Own()).start()
+        try:
+            await asyncio.to_thread(store, 2)  # before anyone watches: not announced
+            await asyncio.sleep(1.5)
+            queue = hub.subscribe()
+            await asyncio.to_thread(store, 3)
+            seen: set[int] = set()
+            deadline = time.monotonic() + 5
+            while len(seen) < 3 and time.monotonic() < deadline:
+                try:
+                    seen.add((await asyncio.wait_for(queue.get(), 0.5))["turn_id"])
+                except asyncio.TimeoutError:
+                    pass
+            return seen
+        finally:
+            peers.close()
+
+    try:
+        seen = asyncio.run(watch())
+    finally:
+        other.close()
+    assert seen == {3, 4, 5}

@@ -4,9 +4,10 @@ Several instances (separate hosts, or `serve --workers N`) may share a database,
 the inspector of any of them shows every turn as it lands. On Postgres each writer
 announces the turns of a batch with NOTIFY, inside the batch's transaction (so a turn
 is announced once committed, never before), and every instance LISTENs. SQLite has no
-notifications: while someone watches the live view, the turns table is polled for ids
-past the last one seen. An instance's own turns reach its live view from its own writer
-(with the id that names a turn while it streams), so they are skipped here.
+notifications: the turns table is polled each second for ids past the last one seen,
+published while someone watches the live view. An instance's own turns reach its live
+view from its own writer (with the id that names a turn while it streams), so they are
+skipped here.
 """
 
 from __future__ import annotations
@@ -118,23 +119,25 @@ class PeerTurns:
         engine = make_engine(self.db_url)
         last = None
         try:
-            while not self._stop.wait(POLL_SECONDS):
-                if not self.live.watched:
-                    last = None  # nobody watches: start from the newest when someone does
-                    continue
+            while True:
+                rows = []
                 try:
                     with engine.connect() as conn:
-                        if last is None:
+                        if last is None or not self.live.watched:
+                            # Kept current while nobody watches (one cheap read a second): a view
+                            # that opens is shown every turn stored since, even a burst that
+                            # lands before the next poll.
                             last = conn.execute(text("SELECT coalesce(max(id), 0) FROM turns")).scalar()
-                            continue
-                        rows = conn.execute(text("SELECT id, session_id FROM turns WHERE id > :last "
-                                                 "ORDER BY id LIMIT 1000"), {"last": last}).all()
+                        else:
+                            rows = conn.execute(text("SELECT id, session_id FROM turns WHERE id > :last "
+                                                     "ORDER BY id LIMIT 1000"), {"last": last}).all()
                 except Exception as exc:  # locked, being migrated: next time
                     log.debug("live view: cannot read new turns (%s)", exc)
-                    continue
                 for turn_id, session_id in rows:
                     last = turn_id
                     if turn_id not in self.own:
                         self._publish(turn_id, session_id)
+                if self._stop.wait(POLL_SECONDS):
+                    return
         finally:
             engine.dispose()

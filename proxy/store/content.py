@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from typing import Any
 
 import orjson  # every message of every request is serialized here: 5-10x the stdlib's speed
+# zlib's format, written 2.5-6x faster (SIMD): every blob and raw response is compressed here.
+from zlib_ng import zlib_ng
 
 
 def canonical(obj: Any) -> bytes:
@@ -138,18 +139,18 @@ def chain(message_hashes: list[str], root: str = "", known: list[str] = ()) -> l
 
 
 def pack(obj: Any) -> bytes:
-    return zlib.compress(compact(obj), 6)
+    return zlib_ng.compress(compact(obj), 6)
 
 
 def unpack(data: bytes | None) -> Any:
     # The stdlib reads integers beyond 64 bits exactly; orjson would turn them into floats.
-    return None if data is None else json.loads(zlib.decompress(data))
+    return None if data is None else json.loads(zlib_ng.decompress(data))
 
 
 def inflate(data: bytes | None) -> bytes:
-    return zlib.decompress(data) if data else b""
+    return zlib_ng.decompress(data) if data else b""
 
 
 def compress_chunks(chunks, level: int = 6) -> bytes:
-    z = zlib.compressobj(level)
+    z = zlib_ng.compressobj(level)
     return b"".join([*(z.compress(c) for c in chunks), z.flush()])

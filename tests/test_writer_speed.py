@@ -194,6 +194,21 @@ def test_a_request_that_extends_an_earlier_one_parses_to_the_same_value():
     for body in odd:
         parsed = requests.parse(body, "messages")
         assert (parsed.value, parsed.problem) == content.parse_strict(body), body
+    # Characters beyond ASCII in the shared part and after it; then bytes that are not
+    # UTF-8 after it: the same value, or the same problem, as parsing the whole body.
+    messages = [{"role": "system", "content": "Réponds en français ✓"}]
+    for k in range(4):
+        messages = messages + [{"role": "user", "content": f"tâche {k} — 😀"}]
+        body = json.dumps({"model": "m", "messages": messages, "tools": [{"n": "é" * 2000}]},
+                          ensure_ascii=False).encode()
+        parsed = requests.parse(body, "messages")
+        assert (parsed.value, parsed.problem) == content.parse_strict(body)
+        assert parsed.reused == (k + 1 if k else 0)
+        requests.keep(parsed)
+    shared = body[:body.index(b'], "tools"')]  # the messages this body shares with the next
+    broken = shared + b', {"role": "user", "content": "\xff"}], "x": 1}'
+    parsed = requests.parse(broken, "messages")
+    assert parsed.value is None and (parsed.value, parsed.problem) == content.parse_strict(broken)
     # An extension that changes an earlier message shares nothing, and is still right.
     first = cline_session(5)[2].request_body
     edited = first.replace(b"session 5", b"session 6", 1)

@@ -9,23 +9,31 @@ from __future__ import annotations
 import asyncio
 import json
 
+import anyio
 from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
 
 router = APIRouter()
 
 
+# A stop signal ends each live stream as a stream that finished (its generator returns),
+# not one cut off: uvicorn would log an ERROR for every inspector tab left open.
+WAIT_SECONDS = 0.25
+GRACE_SECONDS = 1.0
+
+
 @router.get("/live")
 async def live(request: Request):
     hub = request.app.state.tooltap.live
     queue = hub.subscribe()
+    stopping = anyio.Event()
 
     async def events():
         try:
             yield {"event": "hello", "data": "{}"}  # lets a page know it is connected
-            while True:
+            while not stopping.is_set():
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=1.0)
+                    event = await asyncio.wait_for(queue.get(), timeout=WAIT_SECONDS)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         return
@@ -35,4 +43,5 @@ async def live(request: Request):
         finally:
             hub.unsubscribe(queue)
 
-    return EventSourceResponse(events(), ping=15, headers={"cache-control": "no-store"})
+    return EventSourceResponse(events(), ping=15, headers={"cache-control": "no-store"},
+                               shutdown_event=stopping, shutdown_grace_period=GRACE_SECONDS)

@@ -196,6 +196,40 @@ async def test_a_second_ctrl_c_cuts_at_once_and_still_stores(tmp_path, upstream)
     assert output.count("\n") < 30, output  # a few lines, not uvicorn's ~95
 
 
+async def test_an_open_live_view_ends_as_a_finished_stream_at_ctrl_c(tmp_path, upstream):
+    """An inspector tab left open: its live stream ends as a stream that finished, and the
+    stop prints no ERROR (uvicorn's "returned without completing response" for a stream
+    cut off)."""
+    tt = start(tmp_path, "--upstream", upstream)
+    ended: dict[str, object] = {}
+
+    async def watch() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async with client.stream("GET", tt.url + "/_tooltap/api/live") as r:
+                try:
+                    async for line in r.aiter_lines():
+                        ended.setdefault("hello", line == "event: hello")
+                    ended["complete"] = True
+                except httpx.HTTPError as exc:
+                    ended["cut"] = type(exc).__name__
+
+    watcher = asyncio.create_task(watch())
+    deadline = time.monotonic() + 10
+    while "hello" not in ended:
+        assert time.monotonic() < deadline, "the live view did not connect"
+        await asyncio.sleep(0.05)
+    stopped = time.monotonic()
+    tt.signal(signal.SIGINT, group=True)
+    code = await asyncio.to_thread(tt.wait, 10)
+    await asyncio.wait_for(watcher, 5)
+
+    assert code == 0 and time.monotonic() - stopped < 4
+    assert ended == {"hello": True, "complete": True}, ended
+    output = tt.output()
+    no_tracebacks(output)
+    assert "ERROR" not in output, output
+
+
 def test_demo_stopped_with_sigterm_leaves_no_writer_and_no_folder(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -32,7 +32,7 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
     writer = s.health()["writer"]["pid"]
     before = rss_mb(s.proc.pid), rss_mb(writer)
 
-    lock = sqlite3.connect(db, timeout=0)
+    lock = sqlite3.connect(db, timeout=5)  # a connection tooltap opens takes it for an instant
     lock.execute("BEGIN EXCLUSIVE")  # nothing can be committed until the test lets go
     try:
         n, padding = 120, "x" * BODY  # 30 MB of turns, thirty times the memory bound

@@ -95,7 +95,7 @@ def test_writer_flushes_on_sigterm(tmp_path, upstream):
 def test_locked_database_spools_then_recovers(tooltap, upstream):
     upstream.routes["/chat/completions"] = reply("still works")
     tooltap.app.writer.engine.dispose()
-    lock = sqlite3.connect(tooltap.db_path, timeout=0)
+    lock = sqlite3.connect(tooltap.db_path, timeout=5)  # a connection tooltap opens takes it for an instant
     lock.execute("BEGIN EXCLUSIVE")
     try:
         r = httpx.post(f"{tooltap.url}/chat/completions", json=chat("during the lock"), timeout=10)
@@ -283,7 +283,7 @@ def test_turns_land_in_order_after_an_outage(tooltap, upstream):
     post(t1)
     tooltap.flush()
     tooltap.app.writer.engine.dispose()
-    lock = sqlite3.connect(tooltap.db_path, timeout=0)
+    lock = sqlite3.connect(tooltap.db_path, timeout=5)  # a connection tooltap opens takes it for an instant
     lock.execute("BEGIN EXCLUSIVE")
     post(t2)
     tooltap.flush()

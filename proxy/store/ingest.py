@@ -161,7 +161,8 @@ class Ingestor:
         parsed = self._requests.parse(rec.request_body, api.keys.messages if api and api.keys else None)
         request, request_problem = parsed.value, parsed.problem
         response, response_note = self._response(rec, api)
-        sha = hashlib.sha256()
+        sha = None if rec.raw_sha256 else hashlib.sha256()  # the hot path leaves it to the writer
+        raw = rec.iter_raw() if sha is None else _hashed(rec.iter_raw(), sha)
         turn = NewTurn(**_TURN_DEFAULTS)
         turn.id = None
         turn.__dict__.update(
@@ -170,7 +171,7 @@ class Ingestor:
             started_at=rec.started_at, ttft_ms=rec.ttft_ms, duration_ms=rec.duration_ms,
             request_size=len(rec.request_body), request_headers=rec.request_headers,
             response_headers=rec.response_headers,
-            raw=content.compress_chunks(_hashed(rec.iter_raw(), sha), 6 if rec.raw_size < (8 << 20) else 1),
+            raw=content.compress_chunks(raw, 6 if rec.raw_size < (8 << 20) else 1),
             raw_size=rec.raw_size, raw_sha256=rec.raw_sha256 or sha.hexdigest(),
             content_type=_header(rec.response_headers, "content-type"),
             content_encoding=_header(rec.response_headers, "content-encoding"),

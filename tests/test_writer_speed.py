@@ -174,6 +174,75 @@ def test_turns_that_arrive_out_of_order_thread_as_in_order(database, seed):
     assert snapshot(shuffled.engine) == snapshot(in_order.engine)
 
 
+def tool_session(s: int, turns: int = 8) -> list[TurnRecord]:
+    """An OpenAI-chat agent reading one file per turn: turn k carries turn k-1's result."""
+    messages = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": f"session {s}: fix it"}]
+    out = []
+    for k in range(turns):
+        call = {"id": f"call_{s}_{k}", "type": "function",
+                "function": {"name": "read_file", "arguments": json.dumps({"path": f"f{k}.py"})}}
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": f"Step {k}.",
+                                                      "tool_calls": [{"index": 0, **call}]}, "finish_reason": None}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+        raw = b"".join(b"data: " + json.dumps({"id": f"c{s}-{k}", "model": "m", **c}).encode() + b"\n\n"
+                       for c in chunks) + b"data: [DONE]\n\n"
+        body = json.dumps({"model": "m", "stream": True, "messages": messages}).encode()
+        out.append(TurnRecord(
+            started_at=1_700_000_000 + 100 * s + k, method="POST", path="/v1/chat/completions",
+            upstream="http://up", request_headers=[["content-type", "application/json"]], request_body=body,
+            api="openai.chat", http_status=200, stream=True, raw=raw, raw_size=len(raw),
+            response_headers=[["content-type", "text/event-stream"]]))
+        messages = messages + [{"role": "assistant", "content": f"Step {k}.", "tool_calls": [call]},
+                               {"role": "tool", "tool_call_id": call["id"], "content": f"contents of f{k}.py"}]
+    return out
+
+
+def in_order(database, sessions: list[list[TurnRecord]]) -> dict:
+    one = Store(database())
+    for n in range(max(map(len, sessions))):
+        one.batch([turns[n] for turns in sessions if n < len(turns)])
+    return snapshot(one.engine)
+
+
+def test_writers_sharing_a_database_see_what_the_others_changed(database):
+    """Three writers, each with its own memory of recent turns, store one conversation
+    out of order. Writer 1 remembers turn 5 as a child of turn 2; writer 2 then stores
+    turn 4, which adopts turn 5. When writer 1 stores turn 3 (adopting turn 4), turn 4's
+    results must still come from turn 5: it used to read them from its stale memory and
+    mark turn 4's call "missing"."""
+    engine = database()
+    writers = [Store(engine) for _ in range(3)]
+    turns = tool_session(1)
+    for w, ks in [(0, [2]), (0, [5]), (1, [0]), (2, [1]), (2, [4]), (2, [7]), (1, [3, 6])]:
+        writers[w].batch([turns[k] for k in ks])
+    stored = snapshot(engine)
+    assert [json.loads(c[3])[2]["status"] for c in stored["calls"]].count("missing") == 1  # the last turn's
+    assert stored == in_order(database, [tool_session(1)])
+
+
+@pytest.mark.parametrize("seed", [12, 40, 41])  # 12 failed before writers checked their memory
+def test_three_writers_storing_turns_in_any_order_store_what_one_does(database, seed):
+    """Agents send turn k of session s to writer (s + k) % 3, as three instances behind a
+    round-robin balancer do; each writer commits what it holds in batches at random."""
+    rng = random.Random(seed)
+    engine = database()
+    writers = [Store(engine) for _ in range(3)]
+    sessions = [tool_session(s) for s in range(4)]
+    held: list[list[TurnRecord]] = [[], [], []]
+    sent = [0] * len(sessions)
+    while any(n < len(turns) for n, turns in zip(sent, sessions)) or any(held):
+        waiting = [s for s, turns in enumerate(sessions) if sent[s] < len(turns)]
+        if waiting and rng.random() < 0.6:
+            s = rng.choice(waiting)
+            held[(s + sent[s]) % 3].append(sessions[s][sent[s]])
+            sent[s] += 1
+        elif held[w := rng.randrange(3)]:
+            n = rng.randint(1, len(held[w]))
+            writers[w].batch(held[w][:n])
+            held[w] = held[w][n:]
+    assert snapshot(engine) == in_order(database, [tool_session(s) for s in range(4)])
+
+
 def test_a_request_that_extends_an_earlier_one_parses_to_the_same_value():
     requests = Requests()
     reused, before = [], []

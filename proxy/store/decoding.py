@@ -10,7 +10,7 @@ why a whole session is decoded each time.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
 from sqlalchemy import bindparam, func, select as sa_select, update
@@ -56,20 +56,47 @@ class Known:
 
 class RecentTurns:
     """Recently stored turns by id: a new turn's parent and grandparent are almost
-    always here, so nothing is read back from the database."""
+    always here, so nothing is read back from the database.
 
-    def __init__(self, size: int = 512):
-        self.size = size
+    Other writers may share the database (several instances, `--workers`): one that
+    stores a turn of the same conversation may adopt, re-parent or re-decode turns held
+    here. Every such change comes with a new turn in that session, so a session whose
+    stored turn count is not the one this writer left is forgotten (`check`)."""
+
+    def __init__(self, size: int = 512, sessions: int = 8192):
+        self.size, self.sessions = size, sessions
         self._items: OrderedDict[int, Known] = OrderedDict()
+        self._by_session: dict[str, set[int]] = {}
+        self._counts: OrderedDict[str, int] = OrderedDict()  # session -> its turns after this writer's batch
 
     def put(self, item: Known) -> None:
         self._items[item.input.id] = item
         self._items.move_to_end(item.input.id)
+        self._by_session.setdefault(item.session_id, set()).add(item.input.id)
         if len(self._items) > self.size:
-            self._items.popitem(last=False)
+            _, old = self._items.popitem(last=False)
+            self._drop_from_session(old)
 
     def get(self, turn_id: int) -> Known | None:
         return self._items.get(turn_id)
+
+    def check(self, session_id: str, stored: int, added: int) -> None:
+        """`stored`: the session's turn count now, `added` of them by this batch. Forget
+        what is held of the session unless the rest are the turns this writer saw."""
+        if self._counts.get(session_id) != stored - added:
+            for turn_id in self._by_session.pop(session_id, ()):
+                self._items.pop(turn_id, None)
+        self._counts[session_id] = stored
+        self._counts.move_to_end(session_id)
+        if len(self._counts) > self.sessions:
+            self._counts.popitem(last=False)
+
+    def _drop_from_session(self, item: Known) -> None:
+        ids = self._by_session.get(item.session_id)
+        if ids is not None:
+            ids.discard(item.input.id)
+            if not ids:
+                del self._by_session[item.session_id]
 
 
 def turn_input(turn, request: Any, response: Any, calls) -> TurnInput:
@@ -98,7 +125,8 @@ def decode_sessions(db: DB, session_ids: Iterable[str], cache: BlobCache) -> Non
 
 
 _T, _C, _S = Turn.__table__, ToolCallRow.__table__, Session.__table__
-_SESSION_STATE = sa_select(_S.c.id, _S.c.agent, _S.c.uids).where(_S.c.id.in_(bindparam("ids", expanding=True)))
+_SESSION_STATE = (sa_select(_S.c.id, _S.c.agent, _S.c.uids, _S.c.turns)
+                  .where(_S.c.id.in_(bindparam("ids", expanding=True))))
 _FIRST_CHILDREN = (sa_select(_T.c.parent_id, func.min(_T.c.id))
                    .where(_T.c.parent_id.in_(bindparam("ids", expanding=True))).group_by(_T.c.parent_id))
 _SET_TURN = update(_T).where(_T.c.id == bindparam("b_id")).values(decoding=bindparam("b_decoding"))
@@ -141,7 +169,11 @@ def decode_new_turns(db: DB, new: list[Ingested], recent: RecentTurns, cache: Bl
         return
     conn = db.connection()
     ids = sorted({item.turn.session_id for item in new})
-    changes = _Changes({sid: [agent, uids] for sid, agent, uids in conn.execute(_SESSION_STATE, {"ids": ids})})
+    added = Counter(item.turn.session_id for item in new)
+    state = conn.execute(_SESSION_STATE, {"ids": ids}).all()
+    for sid, _agent, _uids, stored in state:
+        recent.check(sid, stored, added[sid])
+    changes = _Changes({sid: [agent, uids] for sid, agent, uids, _stored in state})
     # A new turn may have children already (it reached the database after them), and so
     # may the turns it adopted: their first child is where their results are read.
     parents = {item.turn.parent_id for item in new if item.turn.parent_id is not None}

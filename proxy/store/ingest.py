@@ -323,7 +323,8 @@ class Ingestor:
         for it, placement in zip(items, placements):
             it.turn.session_id, it.turn.parent_id = placement.session_id, placement.parent_id
             it.new_session = placement.new_session
-            for i, h in enumerate(it.chain):
+            for i in range(placement.known_depth, len(it.chain)):  # the nodes above are stored
+                h = it.chain[i]
                 if h not in self._known and h not in placer.nodes and h not in nodes:
                     nodes[h] = {"hash": h, "parent": it.chain[i - 1] if i else None,
                                 "message_hash": it.hashes[i], "depth": i + 1, "session_id": placement.session_id}
@@ -332,7 +333,8 @@ class Ingestor:
             self._remember(nodes)
 
         conn.execute(self._turn_stmt, [_turn_row(it.turn) for it in items])
-        ids = dict((uid, turn_id) for turn_id, uid in conn.execute(self._turn_ids, {"uids": [it.turn.uid for it in items]}))
+        uids = [it.turn.uid for it in items]
+        ids = {uid: turn_id for turn_id, uid in conn.execute(self._turn_ids, {"uids": uids})}
         for it in items:
             it.turn.id = ids[it.turn.uid]
         later = []  # parents stored in this same batch

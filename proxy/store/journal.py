@@ -118,19 +118,22 @@ class Frame:
                 record.error = "; ".join(filter(None, [record.error, f"capture: raw bytes lost ({exc})"]))
                 self.raw_path = None
         header = _header(record, uid)
-        self.head = _PARTS.pack(len(header), len(record.request_body), raw_len) + header + record.request_body
+        # The body stays a part of its own (a megabyte at 200 turns: not copied to join it).
+        self.head = [_PARTS.pack(len(header), len(record.request_body), raw_len) + header, record.request_body]
+        self.head_len = sum(map(len, self.head))
         self.raw_len = raw_len
-        self.size = _OVERHEAD + len(self.head) + raw_len
+        self.size = _OVERHEAD + self.head_len + raw_len
 
     def write(self, fd: int, offset: int) -> int:
         """Write at `offset`; returns the offset after the frame."""
-        n = len(self.head) + self.raw_len
+        n = self.head_len + self.raw_len
+        crc = zlib_ng.crc32(self.head[1], zlib_ng.crc32(self.head[0]))
         if self.raw_path is None:
-            crc = zlib_ng.crc32(self.raw, zlib_ng.crc32(self.head))
-            _pwritev(fd, [_LEN.pack(n), self.head, self.raw, _CRC.pack(crc)], offset)
+            crc = zlib_ng.crc32(self.raw, crc)
+            _pwritev(fd, [_LEN.pack(n), *self.head, self.raw, _CRC.pack(crc)], offset)
             return offset + self.size
-        crc, pos, copied = zlib_ng.crc32(self.head), offset + _LEN.size + len(self.head), 0
-        _pwrite(fd, _LEN.pack(n) + self.head, offset)
+        pos, copied = offset + _LEN.size + self.head_len, 0
+        _pwritev(fd, [_LEN.pack(n), *self.head], offset)
         with open(self.raw_path, "rb") as f:
             while chunk := f.read(1 << 20):
                 crc = zlib_ng.crc32(chunk, crc)
@@ -142,14 +145,10 @@ class Frame:
         return pos + _CRC.size
 
 
-def decode_payload(payload: bytes) -> JournaledTurn:
-    hlen, blen, rlen = _PARTS.unpack_from(payload)
-    start = _PARTS.size
-    header = _PlainValues(io.BytesIO(payload[start:start + hlen])).load()
-    body = payload[start + hlen:start + hlen + blen]
-    raw = payload[start + hlen + blen:start + hlen + blen + rlen]
-    known = {k: v for k, v in header.items() if k in _FIELDS or k == "uid"}
-    return JournaledTurn(**known, request_body=bytes(body), raw=bytes(raw))
+def decode_parts(header: bytes, body: bytes, raw: bytes) -> JournaledTurn:
+    values = _PlainValues(io.BytesIO(header)).load()
+    known = {k: v for k, v in values.items() if k in _FIELDS or k == "uid"}
+    return JournaledTurn(**known, request_body=body, raw=raw)
 
 
 def frame_ends(path: str) -> array:
@@ -581,20 +580,21 @@ class JournalReader:
         used = 0
         while used < budget or not out:
             with self._lock:  # a turn read is a turn outstanding, at once
-                payload = self._next_payload()
-                if payload is None:
+                frame = self._next_frame()
+                if frame is None:
                     break
+                n, parts = frame
                 try:
-                    entry = decode_payload(payload)
-                except (ValueError, TypeError, KeyError, struct.error, pickle.UnpicklingError, EOFError) as exc:
+                    entry = decode_parts(*parts)
+                except (ValueError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as exc:
                     log.error("journal: skipped an unreadable turn in %s (%s)", self._path(), exc)
                     continue
                 number, end = self._pos
-                item = [entry.uid, number, end - len(payload) - _OVERHEAD, len(payload), False]
+                item = [entry.uid, number, end - n - _OVERHEAD, n, False]
                 self._out.append(item)
                 self._waiting[entry.uid] = item
-                self.outstanding_bytes += len(payload)
-            used += len(payload)
+                self.outstanding_bytes += n
+            used += n
             out.append(entry)
         return out
 
@@ -632,19 +632,30 @@ class JournalReader:
     def _path(self) -> str:
         return segment_path(self.slot, self._pos[0])
 
-    def _next_payload(self) -> bytes | None:
+    def _next_frame(self) -> tuple[int, tuple[bytes, bytes, bytes]] | None:
+        """The next complete frame: its payload's length, and its header, request body and
+        raw response, each read straight into bytes of its own."""
         while True:
             if self._file is None and not self._open_current():
                 return None
             number, offset = self._pos
             # pread on a raw file: a buffered reader would serve the zeros it read ahead
-            head = os.pread(self._file.fileno(), _LEN.size, offset)
-            n = _LEN.unpack(head)[0] if len(head) == _LEN.size else 0
-            if n:
-                rest = os.pread(self._file.fileno(), n + _CRC.size, offset + _LEN.size)
-                if len(rest) == n + _CRC.size and zlib_ng.crc32(memoryview(rest)[:n]) == _CRC.unpack_from(rest, n)[0]:
+            fd = self._file.fileno()
+            head = os.pread(fd, _LEN.size + _PARTS.size, offset)
+            n = _LEN.unpack_from(head)[0] if len(head) == _LEN.size + _PARTS.size else 0
+            lengths = _PARTS.unpack_from(head, _LEN.size) if n else ()
+            if n and _PARTS.size + sum(lengths) == n:
+                parts, pos = [], offset + len(head)
+                for length in lengths:
+                    parts.append(os.pread(fd, length, pos))
+                    pos += length
+                end = os.pread(fd, _CRC.size, pos)
+                crc = zlib_ng.crc32(head[_LEN.size:])
+                for part in parts:
+                    crc = zlib_ng.crc32(part, crc)
+                if [len(p) for p in parts] == list(lengths) and len(end) == _CRC.size and crc == _CRC.unpack(end)[0]:
                     self._pos = (number, offset + n + _OVERHEAD)
-                    return memoryview(rest)[:n]  # no copy: decode_payload copies out the parts
+                    return n, tuple(parts)
             # The end of the data, or a frame still being written, or one torn by a crash.
             later = [k for k in segments(self.slot) if k > number]
             if not later and not self._sealed_all:

@@ -2,15 +2,17 @@
 
 An agent resends its whole history on every turn, so nearly all of a request's bytes
 are the previous request's: a 50-turn Cline task sends 9 MB of JSON to add 300 KB of
-messages. `Requests.parse` compares the body's text with the requests it parsed
-recently; when one of them, from its first character to the end of its last message,
-starts this one too, that request's message objects (the very same objects) and their
-hashes are taken as they are, and only the rest of the text is parsed, by the same
-scanner json.loads uses. The value is exactly what `content.parse_strict` returns (a
-body this path does not understand goes to it whole), and the decoders, handed the
+messages. `Requests.parse` compares the body's bytes with the requests it parsed
+recently; when one of them, from its first byte to the end of its last message, starts
+this one too, that request's message objects (the very same objects) and their hashes
+are taken as they are, and only the rest of the body is decoded and parsed, by the same
+scanner json.loads uses: the shared part is compared once, neither decoded nor copied
+(at 200 turns it is a megabyte, and each pass over it cost the writer a visible share
+of a turn). The value is exactly what `content.parse_strict` returns (a body this path
+does not understand goes to it whole), and the decoders, handed the
 same message objects, can reuse their work too.
 
-Memory: the prefixes kept are bounded by `budget` characters (plus the parsed
+Memory: the prefixes kept are bounded by `budget` bytes (plus the parsed
 messages, shared with the turns in the writer's caches).
 """
 
@@ -26,8 +28,8 @@ import orjson
 
 from . import content
 
-BUDGET = 24 << 20  # characters of request text remembered (~1 byte each for ASCII)
-PROBE = 256  # characters at the end of a remembered prefix compared first
+BUDGET = 24 << 20  # bytes of request bodies remembered
+PROBE = 256  # bytes at the end of a remembered prefix compared first
 BIG = 1024  # a value after the messages this long is remembered as text and object (tools)
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -42,8 +44,8 @@ class _Fallback(Exception):
 class Prefix:
     """A request parsed recently: its text up to the end of its last message."""
 
-    text: str
-    start: int  # where its messages array opens ('[')
+    raw: memoryview  # its body up to the end of its last message (a view: no copy)
+    head: str  # its text before the messages array
     messages: list  # the parsed messages
     hashes: list[str | None] = field(default_factory=list)  # per message (None: not hashed alone)
     lead: int = 0  # leading messages hashed together as the system prompt (OpenAI chat)
@@ -71,20 +73,26 @@ class Requests:
     def __init__(self, budget: int = BUDGET):
         self.budget = budget
         self._kept: OrderedDict[int, Prefix] = OrderedDict()
-        self._chars = 0
+        self._bytes = 0
 
     def parse(self, body: bytes, messages_key: str | None) -> Parsed:
         if messages_key is None or not body.startswith(b"{"):
             return Parsed(*content.parse_strict(body))
         try:
-            text = body.decode("utf-8")
-            return self._parse(text, messages_key)
+            return self._parse(bytes(body), messages_key)  # (bytes: no copy; kept views must not change)
         except (_Fallback, ValueError, StopIteration, RecursionError, IndexError, UnicodeDecodeError):
             return Parsed(*content.parse_strict(body))
 
-    def _parse(self, text: str, key: str) -> Parsed:
+    def _parse(self, body: bytes, key: str) -> Parsed:
+        # The shared bytes are compared, not decoded: the text parsed is the earlier
+        # request's head, its '[' and then only what follows its last message.
+        base = self._base(body)
+        if base is None:
+            text = body.decode("utf-8")
+        else:
+            text = base.head + "[" + body[len(base.raw):].decode("utf-8")
         obj: dict[str, Any] = {}
-        parsed = Parsed(obj)
+        parsed = Parsed(obj, base=base)
         i = _WS.match(text, 1).end()
         if text[i] == "}":
             raise _Fallback
@@ -99,7 +107,7 @@ class Requests:
                 raise _Fallback
             i = _WS.match(text, i + 1).end()
             if name == key and text[i] == "[":
-                obj[name], i = self._messages(text, i, parsed)
+                obj[name], i = self._messages(body, text, i, parsed)
             else:
                 start = i
                 obj[name], i = self._same(text, i, name, parsed) or _SCAN(text, i)
@@ -113,16 +121,18 @@ class Requests:
             if c != ",":
                 raise _Fallback
             i = _WS.match(text, i).end()
-        if _WS.match(text, i).end() != len(text):
+        if _WS.match(text, i).end() != len(text) or (base is not None and not parsed.reused):
             raise _Fallback
         self._check(obj, key, parsed)
         return parsed
 
-    def _messages(self, text: str, i: int, parsed: Parsed) -> tuple[list, int]:
-        base = self._base(text, i)
+    def _messages(self, body: bytes, text: str, i: int, parsed: Parsed) -> tuple[list, int]:
+        base = parsed.base
         if base is not None:
-            messages, end = list(base.messages), len(base.text)
-            parsed.base, parsed.reused = base, len(messages)
+            if i != len(base.head) or parsed.reused:
+                raise _Fallback
+            messages, end = list(base.messages), i + 1
+            parsed.reused = len(messages)
             j = _WS.match(text, end).end()
             more = text[j] == ","
             if not more and text[j] != "]":
@@ -149,7 +159,7 @@ class Requests:
         else:
             j += 1
         if messages and isinstance(messages[-1], (dict, list, str)):  # ends on } ] or ": cannot run on
-            parsed.prefix = Prefix(text[:end], i, messages)
+            parsed.prefix = Prefix(memoryview(body)[:_byte_offset(body, text, end, base)], text[:i], messages)
         return messages, j
 
     @staticmethod
@@ -162,12 +172,11 @@ class Requests:
             return None
         return kept[1], i + len(kept[0])
 
-    def _base(self, text: str, start: int) -> Prefix | None:
-        """The newest remembered request whose text this one starts with."""
+    def _base(self, body: bytes) -> Prefix | None:
+        """The newest remembered request whose body this one starts with."""
         for p in reversed(self._kept.values()):
-            n = len(p.text)
-            if (p.start == start and len(text) > n and text.startswith(p.text[-PROBE:], max(0, n - PROBE))
-                    and text.startswith(p.text)):
+            n = len(p.raw)
+            if len(body) > n and body.startswith(p.raw[-PROBE:], max(0, n - PROBE)) and body.startswith(p.raw):
                 return p
         return None
 
@@ -188,13 +197,21 @@ class Requests:
         if p is None:
             return
         if parsed.base is not None and self._kept.pop(id(parsed.base), None) is not None:
-            self._chars -= len(parsed.base.text)
+            self._bytes -= len(parsed.base.raw.obj)
         self._kept[id(p)] = p
-        self._chars += len(p.text)
-        while self._chars > self.budget and self._kept:
+        self._bytes += len(p.raw.obj)
+        while self._bytes > self.budget and self._kept:
             _, old = self._kept.popitem(last=False)
-            self._chars -= len(old.text)
+            self._bytes -= len(old.raw.obj)
 
     def clear(self) -> None:
         self._kept.clear()
-        self._chars = 0
+        self._bytes = 0
+
+
+def _byte_offset(body: bytes, text: str, end: int, base: Prefix | None) -> int:
+    """Where `text[:end]` ends in `body` (the text may elide the base's messages)."""
+    if base is None:
+        return end if len(text) == len(body) else len(text[:end].encode("utf-8"))
+    cut = len(base.head) + 1  # in the text, where body[len(base.raw):] begins
+    return len(base.raw) + len(text[cut:end].encode("utf-8"))

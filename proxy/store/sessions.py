@@ -45,6 +45,7 @@ class Placement:
     parent_depth: int = 0  # the parent's message count (0: no parent)
     new_session: bool = False
     adopt: bool = False  # its whole chain was known: later turns may be waiting for it
+    known_depth: int = 0  # its chain's first nodes that are stored, or new in this batch already
 
 
 def session_key(hint: str | None) -> str | None:
@@ -121,7 +122,7 @@ class Placer:
         self.turns = self._turns(probe_turns)
         self.local_nodes: dict[str, str] = {}  # first stored by this batch: hash -> session
         self.local_turns: dict[str, list[tuple[int, str]]] = defaultdict(list)  # chain hash -> (index, session)
-        self.seen: set[str] = set()  # every chain hash of the batch so far
+        by_root: dict[str, list[list[str]]] = defaultdict(list)  # the batch's chains so far, by first hash
         out: list[Placement] = []
         for i, (chain, hint) in enumerate(requests):
             if not chain:
@@ -129,18 +130,23 @@ class Placer:
                 continue
             if hint is None:
                 session_id, depth = self._deepest(chain)
-                placement = Placement(session_id or new_session_id(chain), new_session=session_id is None)
+                placement = Placement(session_id or new_session_id(chain), new_session=session_id is None,
+                                      known_depth=depth)
             else:
                 placement = Placement(hint)
             placement.adopt = chain[-1] in self.nodes
             if not placement.new_session:
                 self._parent(chain, placement)
-            if chain[-1] in self.seen:
+            # A chain hash names its whole prefix: an earlier chain holds this one's last
+            # hash only at this depth. (Checked so, not against every hash of the batch:
+            # the cost of a turn must not grow with its session.)
+            depth = len(chain)
+            if any(len(c) > depth and c[depth - 1] == chain[-1] for c in by_root[chain[0]]):
                 self._adopt_in_batch(i, chain, placement, requests, out)
-            for h in chain:
+            for h in chain[placement.known_depth:]:  # nodes above the known depth are stored already
                 if h not in self.nodes:
                     self.local_nodes.setdefault(h, placement.session_id)
-            self.seen.update(chain)
+            by_root[chain[0]].append(chain)
             self.local_turns[chain[-1]].append((i, placement.session_id))
             out.append(placement)
         return out

@@ -9,8 +9,8 @@ are taken as they are, and only the rest of the body is decoded and parsed, by t
 scanner json.loads uses: the shared part is compared once, neither decoded nor copied
 (at 200 turns it is a megabyte, and each pass over it cost the writer a visible share
 of a turn). The value is exactly what `content.parse_strict` returns (a body this path
-does not understand goes to it whole), and the decoders, handed the
-same message objects, can reuse their work too.
+does not understand goes to it whole), and the decoders, handed the same message
+objects, can reuse their work too.
 
 Memory: the prefixes kept are bounded by `budget` bytes (plus the parsed
 messages, shared with the turns in the writer's caches).

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from . import stacks
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
 from .mcp.cli import mcp as mcp_command
 from .replay.cli import export, replay
@@ -25,6 +26,7 @@ from .secrets import add_secret_names
 @click.version_option(package_name="tooltap")
 def main() -> None:
     """tooltap: a logging reverse proxy and tool-call inspector for LLM agents."""
+    stacks.dump_on_sigusr1()
 
 
 def _upstream(ctx, param, values):

@@ -43,9 +43,20 @@ class Tooltap:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
+            time.sleep(1)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
             raise AssertionError(f"tooltap still running {timeout} s later:\n{self.output()}")
+
+    def dump_stacks(self) -> None:
+        """Every thread's stack, of tooltap and its writer, into the log (proxy/stacks.py)."""
+        for pid in group_members(self.proc.pid):
+            try:
+                if "resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_text():  # it has no handler
+                    os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

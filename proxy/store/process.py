@@ -33,6 +33,7 @@ import time
 import uuid
 from typing import Any
 
+from .. import stacks
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
@@ -48,6 +49,7 @@ MEMORY_BYTES = 64 << 20
 POLL_SECONDS = 0.05  # how often the writer looks for new turns in the journal
 _context = mp.get_context("spawn")  # the parent has threads and an event loop: never fork it
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_HELD_AT_START = (*_STOP_SIGNALS, signal.SIGUSR1)  # SIGUSR1's default would kill it too
 
 
 def journal_dir(spool_path: str) -> str:
@@ -134,7 +136,7 @@ class WriterProcess:
         # Stop signals stay blocked while the child starts (it inherits this thread's
         # mask): a Ctrl-C to the process group during its imports must not kill it.
         # It ignores them, then unblocks them (see _child).
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_AT_START)
         try:
             self._process.start()
         finally:
@@ -270,7 +272,8 @@ def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_
     # decides when the writer stops.
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    stacks.dump_on_sigusr1()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_AT_START)
     try:
         os.nice(int(env_number("TOOLTAP_WRITER_NICE", NICENESS)))
     except OSError:

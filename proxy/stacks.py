@@ -4,9 +4,14 @@ what to attach to a report of a hang (`tooltap serve`, `demo`, and the writer pr
 from __future__ import annotations
 
 import faulthandler
+import io
 import signal
 
 
 def dump_on_sigusr1() -> None:
-    if hasattr(signal, "SIGUSR1"):
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (io.UnsupportedOperation, AttributeError, ValueError, RuntimeError):
+        pass  # a stderr with no file descriptor (click's test runner, an embedding host)

@@ -18,7 +18,7 @@ import pytest
 
 from proxy.capture import TurnRecord
 from proxy.scripted import Reply
-from proxy.store.journal import Journal, JournaledTurn, JournalReader, segment_path, segments
+from proxy.store.journal import Journal, JournaledTurn, JournalReader, frame_ends, segment_path, segments
 from proxy.store.writer import Writer
 from tests.conftest import free_port
 
@@ -224,19 +224,24 @@ def _read_all(slot: str) -> list[JournaledTurn]:
     return out
 
 
-def test_a_torn_turn_ends_its_segment_and_the_turns_before_it_are_read(tmp_path):
+@pytest.mark.parametrize("damage", ["tail", "lengths"])
+def test_a_torn_turn_ends_its_segment_and_the_turns_before_it_are_read(tmp_path, damage):
     journal = _write(tmp_path / "j", [_record(i) for i in range(3)])
     (number,) = [n for n in segments(journal.slot) if os.path.getsize(segment_path(journal.slot, n)) and
                  open(segment_path(journal.slot, n), "rb").read(4) != b"\0\0\0\0"]
     path = segment_path(journal.slot, number)
     data = bytearray(open(path, "rb").read())
-    end = journal.end()[1]
-    data[end - 6:end] = b"\xff" * 6  # the last turn's tail never reached the disk
+    start, end = frame_ends(path)[-2], journal.end()[1]
+    if damage == "tail":
+        data[end - 6:end] = b"\xff" * 6  # the last turn's tail never reached the disk
+    else:  # its part lengths no longer add up to its length: nothing is read past them
+        data[start + 12:start + 16] = b"\xff" * 4
     Path(path).write_bytes(bytes(data))
     again = Journal(str(tmp_path / "j"))
     again.start()  # a new segment: the torn one is sealed
     got = _read_all(again.slot)
     assert [r.path for r in got] == ["/chat/completions?n=0", "/chat/completions?n=1"]
+    assert [r.request_body for r in got] == [_record(i).request_body for i in (0, 1)]
     assert len({r.uid for r in got}) == 2 and all(len(r.uid) == 32 for r in got)
     again.close()
     again.release()

@@ -42,7 +42,8 @@ class _Fallback(Exception):
 
 @dataclass(eq=False)
 class Prefix:
-    """A request parsed recently: its text up to the end of its last message."""
+    """A request parsed recently: its body up to the end of its last message, and what
+    that part parsed to."""
 
     raw: memoryview  # its body up to the end of its last message (a view: no copy)
     head: str  # its text before the messages array

@@ -4,11 +4,11 @@
 
 bench/writer.py measures the whole writer (journal, process, batches) by /proc's 10 ms
 ticks, which at 10 turns a round is a resolution of 1 ms a turn on a noisy machine.
-This one times the part whose cost may grow with a session, the batch itself (parse,
-assemble, place, store, decode: store/ingest.py and store/decoding.py), with
-time.process_time in this process, on a SQLite file: `--sessions` sessions of the
-bench/writer.py template, one turn of each per batch, bodies growing to ~1.3 MB at turn
-200. Medians over `--runs` runs, per band of turn numbers.
+This one times the part whose cost may grow with a session, the writer's batch itself
+(`Writer._commit`: parse, assemble, place, store, decode), with time.process_time in
+this process, on a SQLite file: `--sessions` sessions of the bench/writer.py template,
+one turn of each per batch, bodies growing to ~1.3 MB at turn 200. Medians over
+`--runs` runs, per band of turn numbers.
 """
 
 from __future__ import annotations
@@ -28,19 +28,15 @@ BANDS = ((0, 20), (90, 110), (180, 200))
 
 def one_run(sessions: int, turns: int) -> list[float]:
     """ms of CPU per turn, for each turn number."""
-    from sqlmodel import Session as DB
-
-    from proxy.store.db import make_engine, migrate
-    from proxy.store.decoding import BlobCache, RecentTurns, decode_new_turns
-    from proxy.store.ingest import Ingestor
+    from proxy.store.db import migrate
+    from proxy.store.writer import Writer
     from storage import RESPONSE_EVENTS
     from upstream import chat_stream
     from writer import answer, bodies_of, capture, template
 
     with tempfile.TemporaryDirectory() as folder:
-        engine = make_engine(f"sqlite:///{Path(folder) / 'length.db'}")
-        migrate(engine)
-        ingestor, recent, blobs = Ingestor("sqlite"), RecentTurns(), BlobCache()
+        writer = Writer(f"sqlite:///{Path(folder) / 'length.db'}", str(Path(folder) / "spool.jsonl"))
+        migrate(writer.engine)
         events = chat_stream(RESPONSE_EVENTS, 200)
         tpl = template(turns)
         bodies = [bodies_of(tpl, 900_000 + k) for k in range(sessions)]
@@ -48,13 +44,9 @@ def one_run(sessions: int, turns: int) -> list[float]:
         for t in range(turns):
             records = [capture(b[t], answer(events, t)) for b in bodies]
             start = time.process_time()
-            with DB(engine, autoflush=False) as db:  # as Writer._commit does, one batch
-                items = [ingestor.add(r) for r in records]
-                ingestor.write(db, items)
-                decode_new_turns(db, items, recent, blobs)
-                db.commit()
+            writer._commit(records)  # one batch, as the writer's thread commits it
             out.append((time.process_time() - start) / len(records) * 1e3)
-        engine.dispose()
+        writer.engine.dispose()
     return out
 
 

@@ -9,8 +9,6 @@ import signal
 
 
 def dump_on_sigusr1() -> None:
-    if not hasattr(signal, "SIGUSR1"):
-        return
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     except (io.UnsupportedOperation, AttributeError, ValueError, RuntimeError):

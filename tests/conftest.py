@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -120,6 +122,20 @@ def cline_turn(n: int) -> dict:
         out["expected"] = json.loads((turn / "expected_completion.json").read_text())
         out["published"] = json.loads((turn / "published_completion.json").read_text())
     return out
+
+
+@contextlib.contextmanager
+def locked_sqlite(path):
+    """The SQLite file locked by another program: nothing can be committed until the block
+    ends. Waits up to 5 s for the lock, as a real tool would (a connection tooltap opens
+    takes it for an instant while it sets its pragmas)."""
+    lock = sqlite3.connect(path, timeout=5)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        lock.rollback()
+        lock.close()
 
 
 def postgres_url() -> str | None:

@@ -3,11 +3,11 @@ lost, and /_tooltap/api/health says how much waits where."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from pathlib import Path
 
+from tests.conftest import locked_sqlite
 from tests.test_journal import reply, serve, stored  # noqa: F401 (serve: a fixture)
 
 BODY = 256 * 1024
@@ -32,9 +32,7 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
     writer = s.health()["writer"]["pid"]
     before = rss_mb(s.proc.pid), rss_mb(writer)
 
-    lock = sqlite3.connect(db, timeout=5)  # a connection tooltap opens takes it for an instant
-    lock.execute("BEGIN EXCLUSIVE")  # nothing can be committed until the test lets go
-    try:
+    with locked_sqlite(db):  # nothing can be committed until the test lets go
         n, padding = 120, "x" * BODY  # 30 MB of turns, thirty times the memory bound
         numbers = iter(range(1, n + 1))
         take = threading.Lock()
@@ -64,9 +62,6 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
         grown = [a - b for a, b in zip(after, before)]
         assert max(grown) < n * BODY / 2**20 / 3, (before, after)
         assert stored(db)[0] == 1
-    finally:
-        lock.rollback()
-        lock.close()
     s.wait_stored(n + 1, timeout=30)
     rows, numbers_stored = stored(db)
     assert rows == n + 1 and numbers_stored == list(range(n + 1))

@@ -285,22 +285,25 @@ def test_sigusr1_prints_every_threads_stack_and_tooltap_keeps_serving(tmp_path):
     """For a report of a hang: `kill -USR1` to tooltap and to its writer process."""
     scripted = ScriptedUpstream({"/v1/chat/completions": lambda r: Reply.sse(b"data: [DONE]\n\n")})
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    def until(done) -> None:
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, tt.output()
+            time.sleep(0.05)
+
+    def one_turn(stored: int) -> None:
+        r = httpx.post(tt.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.content == b"data: [DONE]\n\n"
+        until(lambda: len(tt.turns()) >= stored)
+
     with Server(scripted) as up:
         tt = start(tmp_path, "--upstream", up.url)
         try:
-            for n in (1, 2):
-                r = httpx.post(tt.url + "/v1/chat/completions", json=body)
-                assert r.status_code == 200 and r.content == b"data: [DONE]\n\n"
-                deadline = time.monotonic() + 10
-                while len(tt.turns()) < n:  # stored: the writer process is at work
-                    assert time.monotonic() < deadline, tt.output()
-                    time.sleep(0.05)
-                if n == 1:
-                    tt.dump_stacks()
-                    while tt.output().count("Current thread") < 2:  # tooltap's and the writer's
-                        assert time.monotonic() < deadline, tt.output()
-                        time.sleep(0.05)
-                    assert "proxy/store/writer.py" in tt.output()  # the writer thread, where it waits
+            one_turn(1)  # stored: the writer process is at work
+            tt.dump_stacks()
+            until(lambda: tt.output().count("Current thread") >= 2)  # tooltap's and the writer's
+            assert "proxy/store/writer.py" in tt.output()  # the writer thread, where it waits
+            one_turn(2)
         finally:
             tt.signal(signal.SIGTERM)
             assert tt.wait(15) == 0

@@ -19,7 +19,7 @@ from proxy.scripted import Reply
 from proxy.store import spool
 from proxy.store.read import Reader
 from proxy.store.writer import Writer
-from tests.conftest import free_port, postgres_url
+from tests.conftest import free_port, locked_sqlite, postgres_url
 
 KEY = "sk-live-SUPERSECRET-0123456789abcdef"
 GOOGLE_KEY = "AIzaSy-GOOGLESECRET-987654321"
@@ -95,17 +95,12 @@ def test_writer_flushes_on_sigterm(tmp_path, upstream):
 def test_locked_database_spools_then_recovers(tooltap, upstream):
     upstream.routes["/chat/completions"] = reply("still works")
     tooltap.app.writer.engine.dispose()
-    lock = sqlite3.connect(tooltap.db_path, timeout=5)  # a connection tooltap opens takes it for an instant
-    lock.execute("BEGIN EXCLUSIVE")
-    try:
+    with locked_sqlite(tooltap.db_path):
         r = httpx.post(f"{tooltap.url}/chat/completions", json=chat("during the lock"), timeout=10)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still works"
         tooltap.flush()
         assert tooltap.app.writer.spooled == 1
         assert b"during the lock" in spooled_bodies(tooltap.app.writer.spool.path)
-    finally:
-        lock.rollback()
-        lock.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         turns = tooltap.api("/turns")["turns"]
@@ -283,13 +278,10 @@ def test_turns_land_in_order_after_an_outage(tooltap, upstream):
     post(t1)
     tooltap.flush()
     tooltap.app.writer.engine.dispose()
-    lock = sqlite3.connect(tooltap.db_path, timeout=5)  # a connection tooltap opens takes it for an instant
-    lock.execute("BEGIN EXCLUSIVE")
-    post(t2)
-    tooltap.flush()
-    assert tooltap.app.writer.spooled == 1
-    lock.rollback()
-    lock.close()
+    with locked_sqlite(tooltap.db_path):
+        post(t2)
+        tooltap.flush()
+        assert tooltap.app.writer.spooled == 1
     post(t3)  # the database answers again, but turn 2 is still in the spool
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(tooltap.api("/turns")["turns"]) < 3:

@@ -24,8 +24,8 @@ SYSTEM = "You are a careful coding agent. " * 32  # ~1 KB, sent every request
 _counter = itertools.count()
 
 
-def request_bytes(host: str, port: int, path: str) -> bytes:
-    body = json.dumps({
+def request_bytes(host: str, port: int, path: str, body: bytes | None = None) -> bytes:
+    body = body or json.dumps({
         "model": "bench-model", "stream": True, "stream_options": {"include_usage": True},
         "messages": [{"role": "system", "content": SYSTEM},
                      {"role": "user", "content": f"bench request {os.getpid()}-{next(_counter)}-{time.time_ns()}"}],
@@ -55,13 +55,15 @@ class Conn:
         if self.w is not None:
             self.w.close()
 
-    async def request(self, path: str) -> tuple[float, float, int, bytes]:
-        """(ttfb seconds, total seconds, body bytes, last 16 body bytes)."""
+    async def request(self, path: str, body: bytes | None = None) -> tuple[float, float, int, bytes]:
+        """(ttfb seconds, total seconds, body bytes, last 16 body bytes); `body`: the request's
+        (default: a small chat request of its own)."""
         if self.w is None:
             await self.open()
         r, w = self.r, self.w
+        data = request_bytes(self.host, self.port, path, body)
         t0 = time.perf_counter()
-        w.write(request_bytes(self.host, self.port, path))
+        w.write(data)
         buf = bytearray()
         while True:
             data = await r.read(1 << 20)

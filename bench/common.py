@@ -46,6 +46,18 @@ def tooltap_cmd() -> list[str]:
     return [sys.executable, "-m", "proxy"]
 
 
+def start_upstream(port: int, *args: str) -> subprocess.Popen:
+    """bench/upstream.py, listening on `port`."""
+    proc = subprocess.Popen([sys.executable, str(BENCH / "upstream.py"), "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 def start_tooltap(upstream_url: str, db_path: Path, port: int, variant: list[str] | None = None) -> subprocess.Popen:
     """`tooltap serve` (or, with `variant` args, bench/variant.py) as a subprocess."""
     env = {**os.environ, "TOOLTAP_SHUTDOWN_GRACE": "3"}

@@ -24,7 +24,6 @@ import argparse
 import json
 import random
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from common import BENCH, free_port, machine, median, start_tooltap, stop, table, wait_port, write_results
+from common import free_port, machine, median, start_tooltap, start_upstream, stop, table, write_results
 from upstream import chat_stream
 
 TARGET_RATIO = 0.15
@@ -120,11 +119,9 @@ def db_bytes(db: Path) -> int:
 def size_run(bodies: list[bytes], tmp: Path) -> dict:
     up_port, tt_port = free_port(), free_port()
     db = tmp / "session.db"
-    upstream = subprocess.Popen([sys.executable, str(BENCH / "upstream.py"), "--port", str(up_port)],
-                                stdout=subprocess.DEVNULL)
+    upstream = start_upstream(up_port)
     tooltap = None
     try:
-        wait_port(up_port, upstream)
         tooltap = start_tooltap(f"http://127.0.0.1:{up_port}", db, tt_port)
         empty = db_bytes(db)  # schema only (migrations ran at startup)
         t0 = time.perf_counter()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from . import stacks
+from . import malloc, stacks
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
 from .mcp.cli import mcp as mcp_command
 from .replay.cli import export, replay
@@ -27,6 +27,7 @@ from .secrets import add_secret_names
 def main() -> None:
     """tooltap: a logging reverse proxy and tool-call inspector for LLM agents."""
     stacks.dump_on_sigusr1()
+    malloc.keep_large_buffers()  # request bodies grow each turn: reuse their memory (malloc.py)
 
 
 def _upstream(ctx, param, values):

@@ -283,7 +283,7 @@ class Client:
         the request sent on it before any answer: nothing reached the model, so the request
         goes once more on a new connection, POST included (Go's net/http and browsers do
         the same). A new connection that fails is not retried: the model may have started."""
-        data = _request_bytes(method, origin, target, headers, body)
+        data = (_request_head(method, origin, target, headers, body), body)
         conn = self._pooled(origin)
         if conn is not None:
             try:
@@ -302,10 +302,10 @@ class Client:
 
     # -- inside ------------------------------------------------------------------------------
 
-    async def _exchange(self, conn: _Connection, data: bytes, method: str) -> Response:
+    async def _exchange(self, conn: _Connection, data: tuple[bytes, bytes], method: str) -> Response:
         response = conn.response = Response(conn, head_only=method == "HEAD")
         try:
-            conn.transport.write(data)
+            conn.transport.writelines(data)  # head and body, not joined: a body can be megabytes
             while not response._headers_done:
                 if response._error is not None:
                     raise response._error
@@ -361,14 +361,14 @@ def _default_tls() -> ssl.SSLContext:
     return _tls
 
 
-def _request_bytes(method: str, origin: Origin, target: str, headers: list[tuple[bytes, bytes]],
-                   body: bytes) -> bytes:
-    """The request as it goes on the wire: the agent's headers as they came, Host and a
-    Content-Length of ours (the body went whole, whatever framing the agent used)."""
+def _request_head(method: str, origin: Origin, target: str, headers: list[tuple[bytes, bytes]],
+                  body: bytes) -> bytes:
+    """The request line and headers as they go on the wire, before `body`: the agent's
+    headers as they came, Host and a Content-Length of ours (the body goes whole,
+    whatever framing the agent used)."""
     lines = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), b"host: " + origin.host_header + b"\r\n"]
     lines += [k + b": " + v + b"\r\n" for k, v in headers if k.lower() != b"content-length"]
     if body or method not in _BODYLESS_METHODS:
         lines.append(b"content-length: " + str(len(body)).encode() + b"\r\n")
     lines.append(b"\r\n")
-    lines.append(body)
     return b"".join(lines)

@@ -33,7 +33,7 @@ import time
 import uuid
 from typing import Any
 
-from .. import stacks
+from .. import malloc, stacks
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
@@ -273,6 +273,7 @@ def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     stacks.dump_on_sigusr1()
+    malloc.keep_large_buffers()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_AT_START)
     try:
         os.nice(int(env_number("TOOLTAP_WRITER_NICE", NICENESS)))

@@ -25,6 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlmodel import Session as DB, select
 
+from .. import malloc
 from ..capture import TurnRecord
 from ..live import LiveHub
 from .db import make_engine, migrate
@@ -69,6 +70,7 @@ class Writer:
         # Set: announce each batch's turns to the other instances on the database (peers.py).
         self.announce_as: str | None = None
         self._full_gc_at = time.monotonic() + FULL_GC_SECONDS
+        self._heap_used = False  # batches stored since the heap was last given back (own_process)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ingestor = Ingestor(self.engine.dialect.name)
@@ -137,6 +139,9 @@ class Writer:
             try:
                 item = self._queue.get(timeout=RETRY_SECONDS)
             except queue.Empty:
+                if self._heap_used:  # idle after work: the request bodies' memory goes back
+                    malloc.give_back()
+                    self._heap_used = False
                 continue
             batch, waiters, stopping = self._gather(item)
             if batch:
@@ -209,6 +214,7 @@ class Writer:
         self._release(records)
         if self.own_process:
             self._settle_memory()
+            self._heap_used = True
         if self.live is not None:
             if hasattr(self.live, "publish_all"):  # the writer process's pipe: one message per batch
                 self.live.publish_all(events)

@@ -21,6 +21,7 @@ from typing import Any
 
 from . import apis
 from .live import GROW_SECONDS, LiveHub
+from .secrets import redact_headers
 from .sse import SSEDecoder
 
 RAW_IN_MEMORY = 2 * 1024 * 1024
@@ -227,8 +228,10 @@ class Capture:
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self._t0) * 1000
 
-    def response_started(self, status: int, headers: list[list[str]], content_type: str,
+    def response_started(self, status: int, headers: list[tuple[str, str]], content_type: str,
                          content_encoding: str | None) -> None:
+        """`headers` as they came: their secrets are fingerprinted by finish(), after the
+        stream rather than before its first byte, and before anything is stored."""
         rec = self.record
         rec.http_status = status
         rec.response_headers = headers
@@ -276,6 +279,7 @@ class Capture:
             rec.status = status
         elif (rec.http_status or 0) >= 400 or rec.stream_error:
             rec.status = "upstream_error"
+        rec.response_headers = redact_headers(rec.response_headers)
         rec.raw = self._raw.hand_over()  # the writer stores it, then releases it
         rec.raw_size = self._size  # its sha256 is the writer's work
         if rec.live_id is not None:

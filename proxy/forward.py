@@ -172,7 +172,7 @@ class Forwarder:
             resp_headers = _strip(response.raw_headers)
             capture.response_started(
                 response.status,
-                redact_headers(_text(resp_headers)),
+                _text(resp_headers),
                 response.header("content-type") or "",
                 response.header("content-encoding"),
             )

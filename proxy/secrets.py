@@ -68,7 +68,8 @@ def add_secret_names(names: Iterable[str]) -> None:
     """Also treat these header (or query parameter) names as secret, for this process."""
     global _extra_names
     _extra_names = _extra_names | {n.strip().lower() for n in names if n.strip()}
-    is_secret_name.cache_clear()
+    for cached in (is_secret_name, redact_header, redact_query, redact_url):
+        cached.cache_clear()
 
 
 @lru_cache(maxsize=1024)
@@ -96,6 +97,9 @@ def redact_keys(text: str) -> str:
     return _KEY_SHAPES.sub(lambda m: fingerprint(m.group()), text)
 
 
+# An agent sends the same headers and query on every request: the answers are cached,
+# a few microseconds of regular expressions less before each request goes upstream.
+@lru_cache(maxsize=1024)
 def redact_header(name: str, value: str) -> str:
     if not is_secret_name(name):
         return redact_keys(value)
@@ -114,6 +118,7 @@ def redact_headers(headers: list[tuple[str, str]]) -> list[list[str]]:
 _QUERY_SEPARATORS = re.compile(r"([&;])")
 
 
+@lru_cache(maxsize=256)
 def redact_query(query: str) -> str:
     """Fingerprint secret parameters in place; the rest of the query stays verbatim."""
     parts = _QUERY_SEPARATORS.split(query)
@@ -126,6 +131,7 @@ def redact_query(query: str) -> str:
     return "".join(parts)
 
 
+@lru_cache(maxsize=64)
 def redact_url(url: str) -> str:
     """Drop user:password from a URL and fingerprint secret query parameters."""
     url = re.sub(r"//[^/@]+@", "//", url, count=1)

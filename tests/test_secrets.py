@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from proxy.capture import Capture, TurnRecord
 from proxy.scripted import Reply
 from proxy.secrets import fingerprint, is_secret_name
 from tests.conftest import free_port
@@ -107,6 +108,20 @@ def test_credentials_by_rule_never_reach_the_database(tooltap, upstream):
     assert response_headers["x-ratelimit-remaining-tokens"] == "149984"  # counts of tokens are not tokens
     assert response_headers["anthropic-ratelimit-tokens-limit"] == "400000"
     assert response_headers["x-litellm-response-cost"] == "0.0021"
+
+
+def test_the_turn_handed_to_the_store_holds_only_fingerprinted_response_headers():
+    # The hot path passes the answer's headers on before redacting them (after the stream):
+    # what finish() hands to the journal must be redacted all the same.
+    capture = Capture(TurnRecord(started_at=time.time(), method="POST", path="/v1/chat/completions",
+                                 upstream="http://up", request_headers=[], request_body=b"{}"), None)
+    capture.response_started(200, [("content-type", "application/json"), ("set-cookie", "sid=" + "S" * 30),
+                                   ("x-request-id", "req_8f3a")], "application/json", None)
+    capture.feed(b"{}")
+    record = capture.finish()
+    headers = dict(record.response_headers)
+    assert FINGERPRINT.match(headers["set-cookie"]) and "S" * 30 not in str(record.response_headers)
+    assert headers["content-type"] == "application/json" and headers["x-request-id"] == "req_8f3a"
 
 
 def test_the_name_rule_on_its_own():

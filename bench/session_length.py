@@ -28,12 +28,14 @@ BANDS = ((0, 20), (90, 110), (180, 200))
 
 def one_run(sessions: int, turns: int) -> list[float]:
     """ms of CPU per turn, for each turn number."""
+    from proxy import malloc
     from proxy.store.db import migrate
     from proxy.store.writer import Writer
     from storage import RESPONSE_EVENTS
     from upstream import chat_stream
     from writer import answer, bodies_of, capture, template
 
+    malloc.keep_large_buffers()  # as in the writer process
     with tempfile.TemporaryDirectory() as folder:
         writer = Writer(f"sqlite:///{Path(folder) / 'length.db'}", str(Path(folder) / "spool.jsonl"))
         migrate(writer.engine)

@@ -4,8 +4,10 @@ A raw ASGI app, so nothing sits between the client's socket and the upstream's b
 file: read the request, send it upstream with its headers as they came (less hop-by-hop
 ones and Host), pass every response chunk to the client the moment it arrives, then hand
 the capture to the store's queue. No database call, no re-serialization, no buffering
-of the response. (The request body is read whole before it goes upstream: agents'
-requests are at most a few megabytes, and the capture needs them anyway.)
+of the response. A request body is read whole before the request goes upstream, unless
+it is large: then it follows the request's head part by part as it arrives, and an
+agent that gives up halfway leaves the upstream a body short of its length, never one
+it could take as whole.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ log = logging.getLogger("tooltap")
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
      b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade",
-     b"expect"}  # 100-continue is between the agent and us; we send the whole body at once
+     b"expect"}  # 100-continue is between the agent and us
 )
 SESSION_HEADER = b"x-tooltap-session"
 TURN_HEADER = b"x-tooltap-turn"  # serve --turn-header: the uid that finds the turn in the API
@@ -52,6 +54,8 @@ class ShutDown(StreamCut):
 
 
 SHUT_DOWN = "tooltap shut down"
+SHUT_DOWN_EARLY = "tooltap shut down before the request arrived"
+STREAM_BODY_BYTES = 256 << 10  # a request body this large goes upstream as it arrives
 
 
 def _strip(headers: Headers, also: frozenset[bytes] = frozenset()) -> Headers:
@@ -116,15 +120,18 @@ class Forwarder:
             return
         upstream, upstream_path = route
         started_at = time.time()
-        body, incomplete = await _read_body(receive, scope)
+        # The path as the agent encoded it (scope["path"] is percent-decoded).
+        raw_path = (scope.get("raw_path") or path.encode()).decode("latin-1")
+        body = _RequestBody(receive, scope)
+        streamed = await body.read() and raw_path.startswith("/") and body.worth_streaming()
+        if not streamed:
+            await body.read_all()
 
         session_hint = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == SESSION_HEADER), None)
         wire_headers = _strip(scope["headers"], frozenset({b"host", SESSION_HEADER}))
         headers = _text(wire_headers)
         query = scope.get("query_string", b"").decode("latin-1")
         method = scope["method"]
-        # The path as the agent encoded it (scope["path"] is percent-decoded).
-        raw_path = (scope.get("raw_path") or path.encode()).decode("latin-1")
         api = apis.detect(method, upstream_path)
         capture = Capture(
             TurnRecord(
@@ -133,7 +140,7 @@ class Forwarder:
                 path=raw_path + ("?" + redact_query(query) if query else ""),
                 upstream=redact_url(upstream.url),
                 request_headers=redact_headers(headers),
-                request_body=body,
+                request_body=body.data,  # (streamed: its first part, until the rest has come)
                 session_hint=session_hint,
                 api=api.name if api else "other",
             ),
@@ -142,12 +149,12 @@ class Forwarder:
         )
         if self.settings.turn_header:
             capture.record.uid = uuid.uuid4().hex
-        if incomplete == SHUT_DOWN:  # still arriving when the grace ran out
-            await _answer_error(send, capture, 503, "tooltap_shut_down", "tooltap shut down before the request arrived")
+        if body.incomplete == SHUT_DOWN:  # still arriving when the grace ran out
+            await _answer_error(send, capture, 503, "tooltap_shut_down", SHUT_DOWN_EARLY)
             self.sink(capture.finish("proxy_error", SHUT_DOWN))
             return
-        if incomplete:  # a half-sent request must not reach the upstream as if whole
-            self.sink(capture.finish("client_aborted", incomplete))
+        if body.incomplete:  # a half-sent request must not reach the upstream as if whole
+            self.sink(capture.finish("client_aborted", body.incomplete))
             return
         if not raw_path.startswith("/"):  # `OPTIONS *`: a question to this server, not a route
             error = f"the request target {raw_path!r} names no upstream path"
@@ -157,13 +164,24 @@ class Forwarder:
 
         origin, base = self._origin(upstream.url)
         target = base + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else "")
-        watch = _HangUpWatch(receive)
+        watch = _HangUpWatch(receive, start=not streamed)  # (streamed: once the body is whole)
         response: upstream_client.Response | None = None
         status, error = None, None
         started = False  # the client has the response's status line
         try:
             try:
-                response = await self.client.request(method, origin, target, wire_headers, body)
+                if streamed:
+                    response = await self.client.request(method, origin, target, wire_headers, body.parts[0],
+                                                         rest=body.rest(then=watch.start), length=body.length)
+                else:
+                    response = await self.client.request(method, origin, target, wire_headers, body.data)
+            except _BodyCut as cut:  # the upstream's connection is closed short of the whole body
+                if cut.reason == SHUT_DOWN:
+                    status, error = "proxy_error", SHUT_DOWN
+                    await _answer_error(send, capture, 503, "tooltap_shut_down", SHUT_DOWN_EARLY)
+                else:
+                    status, error = "client_aborted", cut.reason
+                return
             except _UPSTREAM_ERRORS as exc:
                 status, error = "proxy_error", _describe(exc)
                 await _answer_error(send, capture, 502, "tooltap_proxy_error",
@@ -194,6 +212,8 @@ class Forwarder:
             raise
         finally:
             watch.stop()
+            if streamed:
+                capture.record.request_body = body.data
             if response is not None:
                 if status is None:
                     response.release()  # read to the end: the connection goes back to the pool
@@ -222,10 +242,16 @@ class _HangUpWatch:
     for (the upstream's headers or its next chunk), so the upstream connection is closed
     at once and no one pays for a generation nobody reads."""
 
-    def __init__(self, receive) -> None:
+    def __init__(self, receive, start: bool = True) -> None:
         self.hung_up = False
+        self._receive = receive
         self._task = asyncio.current_task()
-        self._watcher = asyncio.create_task(self._watch(receive))
+        self._watcher: asyncio.Task | None = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        self._watcher = asyncio.create_task(self._watch(self._receive))
 
     async def _watch(self, receive) -> None:
         await _wait_disconnect(receive)
@@ -233,7 +259,8 @@ class _HangUpWatch:
         self._task.cancel()
 
     def stop(self) -> None:
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 async def _pump(response: upstream_client.Response, capture: Capture, send) -> tuple[str | None, str | None]:
@@ -261,21 +288,68 @@ async def _wait_disconnect(receive) -> None:
         pass
 
 
-async def _read_body(receive, scope) -> tuple[bytes, str | None]:
-    """The request body (agents' requests are small) and, if it did not all arrive, why."""
-    parts = []
-    try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                too_slow = scope.get("extensions", {}).get(TIMED_OUT)
-                return b"".join(parts), too_slow or "the client hung up while sending its request"
-            parts.append(message.get("body", b""))
-            if not message.get("more_body"):
-                return b"".join(parts), None
-    except asyncio.CancelledError:  # the shutdown grace ran out while it arrived
-        asyncio.current_task().uncancel()
-        return b"".join(parts), SHUT_DOWN
+class _BodyCut(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _RequestBody:
+    """The agent's request body as it arrives. It is read whole before the request goes
+    upstream, unless it is large (an agent's history, a megabyte near turn 200): its
+    parts then follow the request's head upstream as they come, instead of crossing the
+    two hops one after the other."""
+
+    def __init__(self, receive, scope) -> None:
+        self._receive = receive
+        self._scope = scope
+        self.parts: list[bytes] = []
+        self.done = False
+        self.incomplete: str | None = None  # why it did not all arrive
+        self.length = 0  # as the agent's Content-Length announces it (streamed bodies)
+
+    @property
+    def data(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+    async def read(self) -> bool:
+        """Read the next part; False once the body is whole or cut short."""
+        if self.done:
+            return False
+        try:
+            message = await self._receive()
+        except asyncio.CancelledError:  # the shutdown grace ran out while it arrived
+            asyncio.current_task().uncancel()
+            self.done, self.incomplete = True, SHUT_DOWN
+            return False
+        if message["type"] == "http.disconnect":
+            too_slow = self._scope.get("extensions", {}).get(TIMED_OUT)
+            self.done, self.incomplete = True, too_slow or "the client hung up while sending its request"
+            return False
+        self.parts.append(message.get("body", b""))
+        self.done = not message.get("more_body")
+        return True
+
+    async def read_all(self) -> None:
+        while await self.read():
+            pass
+
+    def worth_streaming(self) -> bool:
+        """More is to come and its length is announced and large."""
+        if self.done:
+            return False
+        value = next((v for k, v in self._scope["headers"] if k.lower() == b"content-length"), b"")
+        self.length = int(value) if value.isdigit() else 0
+        return self.length >= STREAM_BODY_BYTES
+
+    async def rest(self, then: Callable[[], None]):
+        """The parts after the first, as they arrive; `then()` once the body is whole.
+        Raises _BodyCut if it never is."""
+        while await self.read():
+            yield self.parts[-1]
+        if self.incomplete:
+            raise _BodyCut(self.incomplete)
+        then()
 
 
 # The scope extension under which the server says it closed a too-slow request.

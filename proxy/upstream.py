@@ -15,6 +15,7 @@ import asyncio
 import logging
 import ssl
 from dataclasses import dataclass
+from typing import AsyncIterator
 from urllib.parse import urlsplit
 
 import httptools
@@ -276,24 +277,32 @@ class Client:
         self._all: set[_Connection] = set()
 
     async def request(self, method: str, origin: Origin, target: str, headers: list[tuple[bytes, bytes]],
-                      body: bytes) -> Response:
+                      body: bytes, rest: AsyncIterator[bytes] | None = None, length: int = 0) -> Response:
         """Send the request; return once the answer's status and headers came.
+
+        `rest`, when given, brings the rest of a body still arriving from the agent:
+        `body` is then its first part and `length` the whole body's, and each part goes
+        upstream as it comes. An exception from `rest` (the agent gave up) closes the
+        connection before the body is complete, so the upstream never takes it as whole.
 
         A pooled connection the upstream closed as it idled (its keep-alive timeout) fails
         the request sent on it before any answer: nothing reached the model, so the request
         goes once more on a new connection, POST included (Go's net/http and browsers do
         the same). A new connection that fails is not retried: the model may have started."""
-        data = (_request_head(method, origin, target, headers, body), body)
+        head = _request_head(method, origin, target, headers, length if rest is not None else len(body))
+        parts = [body]
         conn = self._pooled(origin)
         if conn is not None:
             try:
-                return await self._exchange(conn, data, method)
+                return await self._exchange(conn, head, parts, rest, method)
             except UpstreamDisconnected as exc:
                 if conn.answered:
                     raise
                 log.info("%s %s: the pooled upstream connection was closed (%s); sent again on a new one",
                          method, target.split("?")[0], exc)
-        return await self._exchange(await self._connect(origin), data, method)
+            if rest is not None:  # what `rest` brought is in `parts` now: send it whole
+                parts, rest = [b"".join(parts)], None
+        return await self._exchange(await self._connect(origin), head, parts, rest, method)
 
     async def close(self) -> None:
         for conn in list(self._all):
@@ -302,15 +311,21 @@ class Client:
 
     # -- inside ------------------------------------------------------------------------------
 
-    async def _exchange(self, conn: _Connection, data: tuple[bytes, bytes], method: str) -> Response:
+    async def _exchange(self, conn: _Connection, head: bytes, parts: list[bytes],
+                        rest: AsyncIterator[bytes] | None, method: str) -> Response:
         response = conn.response = Response(conn, head_only=method == "HEAD")
         try:
-            conn.transport.writelines(data)  # head and body, not joined: a body can be megabytes
+            conn.transport.writelines([head, *parts])  # not joined: a body can be megabytes
+            if rest is not None:
+                async for part in rest:
+                    parts.append(part)  # kept: a stale pooled connection sends them all again
+                    if not conn.closed:
+                        conn.transport.write(part)
             while not response._headers_done:
                 if response._error is not None:
                     raise response._error
                 await response._wait()
-        except BaseException:  # a timeout, a failure or a cancel: this socket is done
+        except BaseException:  # a timeout, a failure, a cancel, an agent gone: this socket is done
             conn.close()
             raise
         return response
@@ -362,13 +377,13 @@ def _default_tls() -> ssl.SSLContext:
 
 
 def _request_head(method: str, origin: Origin, target: str, headers: list[tuple[bytes, bytes]],
-                  body: bytes) -> bytes:
-    """The request line and headers as they go on the wire, before `body`: the agent's
-    headers as they came, Host and a Content-Length of ours (the body goes whole,
-    whatever framing the agent used)."""
+                  length: int) -> bytes:
+    """The request line and headers as they go on the wire, before a body of `length`
+    bytes: the agent's headers as they came, Host and a Content-Length of ours (the body
+    goes with a length, whatever framing the agent used)."""
     lines = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), b"host: " + origin.host_header + b"\r\n"]
     lines += [k + b": " + v + b"\r\n" for k, v in headers if k.lower() != b"content-length"]
-    if body or method not in _BODYLESS_METHODS:
-        lines.append(b"content-length: " + str(len(body)).encode() + b"\r\n")
+    if length or method not in _BODYLESS_METHODS:
+        lines.append(b"content-length: " + str(length).encode() + b"\r\n")
     lines.append(b"\r\n")
     return b"".join(lines)

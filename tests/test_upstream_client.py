@@ -64,11 +64,11 @@ def ok(body: bytes, extra: bytes = b"") -> bytes:
 
 def test_the_request_goes_out_with_the_agents_headers_and_our_host_and_length():
     head = _request_head("POST", Origin.of("https://api.example.com/v1"), "/v1/chat?x=1",
-                         [(b"authorization", b"Bearer k"), (b"content-length", b"999"), (b"x-a", b"1")], b"{}")
+                         [(b"authorization", b"Bearer k"), (b"content-length", b"999"), (b"x-a", b"1")], 2)
     assert head == (b"POST /v1/chat?x=1 HTTP/1.1\r\nhost: api.example.com\r\nauthorization: Bearer k\r\n"
                     b"x-a: 1\r\ncontent-length: 2\r\n\r\n")
-    assert b"content-length" not in _request_head("GET", Origin.of("http://h:81"), "/", [], b"")
-    assert b"content-length: 0" in _request_head("POST", Origin.of("http://h:81"), "/", [], b"")
+    assert b"content-length" not in _request_head("GET", Origin.of("http://h:81"), "/", [], 0)
+    assert b"content-length: 0" in _request_head("POST", Origin.of("http://h:81"), "/", [], 0)
 
 
 async def test_keep_alive_reuses_one_connection_and_connection_close_does_not():

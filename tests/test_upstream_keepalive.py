@@ -9,19 +9,22 @@ that fails is the upstream's answer: tooltap does not send the request twice."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
-import threading
 
 import openai
 import pytest
+
+from proxy.forward import STREAM_BODY_BYTES
+from tests.raw_upstream import RawUpstream
 
 BODY = (b'{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
         b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}')
 ANSWER = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY)) + BODY
 
 
-class ClosingUpstream:
+class ClosingUpstream(RawUpstream):
     """Answers the first `answers` requests of each connection, then reads the next one
     and closes the connection without a word (FIN, or RST with `reset`), as a server
     whose idle timeout fires just as the request arrives. `seen` lists, per connection,
@@ -30,17 +33,7 @@ class ClosingUpstream:
     def __init__(self, answers: int, reset: bool = False):
         self.answers, self.reset = answers, reset
         self.seen: list[list[str]] = []
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        self.ready.set()
-        async with server:
-            await self._stop.wait()
+        super().__init__()
 
     async def _connection(self, reader, writer) -> None:
         requests: list[str] = []
@@ -62,15 +55,6 @@ class ClosingUpstream:
             writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.close()
 
-    def __enter__(self) -> "ClosingUpstream":
-        self.thread.start()
-        assert self.ready.wait(5)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(5)
-
 
 def ask(client: openai.OpenAI, text: str):
     return client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
@@ -89,6 +73,23 @@ def test_a_request_on_a_connection_the_upstream_closed_is_sent_again(make_toolta
         assert asked == [["question 0", "question 1"], ["question 1", "question 2"], ["question 2"]]
         turns = tt.api("/turns")["turns"]
         assert len(turns) == 3 and {t["status"] for t in turns} == {"ok"}
+
+
+def test_a_large_request_streamed_on_a_connection_the_upstream_closed_is_sent_again_whole(make_tooltap):
+    # A body this large goes upstream part by part as it arrives (forward.py): what went
+    # on the dead connection is sent again, all of it, on the new one.
+    with ClosingUpstream(answers=1) as up:
+        tt = make_tooltap(up.url)
+        client = openai.OpenAI(base_url=tt.url, api_key="sk-test", max_retries=0, timeout=20)
+        questions = [f"question {n} " + "y" * (2 * STREAM_BODY_BYTES) for n in range(2)]
+        for q in questions:
+            assert ask(client, q).choices[0].message.content == "ok"
+        asked = [[json.loads(m)["messages"][0]["content"] for m in conn] for conn in up.seen]
+        assert asked == [questions, questions[1:]]
+        turns = tt.api("/turns")["turns"]
+        assert len(turns) == 2 and {t["status"] for t in turns} == {"ok"}
+        stored = [tt.api(f"/turns/{t['id']}")["request"]["messages"][0]["content"] for t in turns]
+        assert sorted(stored) == questions
 
 
 def test_a_new_connection_that_fails_is_not_sent_twice(make_tooltap):

@@ -8,15 +8,18 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
+from proxy.forward import STREAM_BODY_BYTES
 from proxy.scripted import Reply, ScriptedUpstream
 from tests.conftest import Server
 from tests.processes import group_members, leftovers, start
+from tests.raw_upstream import WatchedUpstream
 
 
 def event(text: str) -> bytes:
@@ -228,6 +231,35 @@ async def test_an_open_live_view_ends_as_a_finished_stream_at_ctrl_c(tmp_path, u
     output = tt.output()
     no_tracebacks(output)
     assert "ERROR" not in output, output
+
+
+@pytest.mark.parametrize("size", [2000, 3 * STREAM_BODY_BYTES], ids=["read-whole", "streamed"])
+def test_a_request_still_arriving_at_the_stop_gets_503_and_never_reaches_the_upstream_whole(tmp_path, size):
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"z" * size + b'"}]}'
+    sent = len(body) * 2 // 3
+    with WatchedUpstream() as up:
+        tt = start(tmp_path, "--upstream", up.url, env={"TOOLTAP_SHUTDOWN_GRACE": "1"})
+        with socket.create_connection(("127.0.0.1", tt.port), timeout=15) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n" % len(body) + body[:sent])
+            if size > STREAM_BODY_BYTES:
+                assert up.wait_for(STREAM_BODY_BYTES)  # streamed: the upstream has its first part
+            else:
+                time.sleep(0.5)  # read whole first: the upstream has nothing yet
+            tt.signal(signal.SIGTERM)  # the rest never comes
+            answer = b""
+            while piece := s.recv(65536):
+                answer += piece
+        assert tt.wait(10) == 0
+        assert answer.startswith(b"HTTP/1.1 503") and b"tooltap_shut_down" in answer, answer[:300]
+        (turn,) = tt.turns()  # kept with the part of the body that came (stored: flagged as not JSON)
+        assert turn["status"] == "proxy_error" and turn["error"].startswith("tooltap shut down")
+        assert up.bodies == []  # no complete request reached it
+        if size > STREAM_BODY_BYTES:
+            assert up.lengths == [len(body)] and len(up.ended) == 1 and up.ended[0] <= sent
+        else:
+            assert up.lengths == []
+        no_tracebacks(tt.output())
 
 
 def test_demo_stopped_with_sigterm_leaves_no_writer_and_no_folder(tmp_path):

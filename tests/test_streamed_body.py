@@ -4,7 +4,6 @@ the upstream a request it could take as whole (proxy/forward.py's _RequestBody).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import socket
@@ -16,52 +15,7 @@ import pytest
 
 from proxy.forward import STREAM_BODY_BYTES
 from proxy.scripted import Reply
-from tests.raw_upstream import RawUpstream
-
-ANSWER = b'{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[]}'
-
-
-class WatchedUpstream(RawUpstream):
-    """Counts each request's body bytes as they arrive (`got`), and answers once a body
-    is whole; `ended` lists, per connection, how many body bytes it had when it closed."""
-
-    def __init__(self):
-        self.got = 0
-        self.lengths: list[int] = []
-        self.bodies: list[bytes] = []
-        self.ended: list[int] = []
-        super().__init__()
-
-    async def _connection(self, reader, writer) -> None:
-        body = b""
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            self.lengths.append(length)
-            while len(body) < length:
-                piece = await reader.read(65536)
-                if not piece:
-                    break
-                body += piece
-                self.got = len(body)
-            if len(body) == length:
-                self.bodies.append(body)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
-                await writer.drain()
-                await reader.read()  # until tooltap lets the connection go
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        self.ended.append(len(body))
-        writer.close()
-
-    def wait_for(self, n: int, timeout: float = 5.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.got < n and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.got >= n
-
+from tests.raw_upstream import ANSWER, WatchedUpstream
 
 def chat_body(size: int) -> bytes:
     return json.dumps({"model": "m", "messages": [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -16,6 +17,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results"
+
+
+def py_spy() -> str:
+    """py-spy: $PY_SPY, on the PATH, or beside this interpreter (a virtualenv not activated)."""
+    beside = str(Path(sys.executable).parent)
+    found = os.environ.get("PY_SPY") or shutil.which("py-spy") or shutil.which("py-spy", path=beside)
+    if not found:
+        sys.exit("py-spy not found: pip install py-spy (or set PY_SPY to its path)")
+    return found
 
 
 def free_port() -> int:

@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import (BENCH, cpu_seconds, free_port, machine, median, pct, proc_status, reset_peak_rss,
+from common import (BENCH, cpu_seconds, free_port, machine, median, pct, proc_status, py_spy, reset_peak_rss,
                     start_tooltap, stop, table, wait_port, write_results)
 from upstream import chat_stream
 
@@ -193,7 +193,7 @@ def main() -> int:
             spy = None
             if a.profile:
                 Path(a.profile).mkdir(parents=True, exist_ok=True)
-                spy = subprocess.Popen(["py-spy", "record", "--pid", str(tooltap.pid), "--format", "raw",
+                spy = subprocess.Popen([py_spy(), "record", "--pid", str(tooltap.pid), "--format", "raw",
                                         "--threads", "--rate", "250", "--nonblocking",
                                         "--output", str(Path(a.profile) / "tooltap-load.txt")],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -41,7 +41,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from common import REPO, cpu_seconds, machine, median, table, write_results
+from common import REPO, cpu_seconds, machine, median, py_spy, table, write_results
 
 sys.path.insert(0, str(REPO))
 TARGET = 500.0
@@ -225,7 +225,7 @@ def main() -> int:
         run = Run(db_url, Path(tmp), a.writers)
         spy = None
         if a.profile:
-            spy = subprocess.Popen([os.environ.get("PY_SPY", "py-spy"), "record", "--pid", str(run.pid),
+            spy = subprocess.Popen([py_spy(), "record", "--pid", str(run.pid),
                                     "--format", "raw", "--rate", "200", "--output", a.profile],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

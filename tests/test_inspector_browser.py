@@ -106,6 +106,7 @@ def test_a_streaming_turn_appears_live_on_the_list_and_grows(tooltap, upstream, 
         chat_sse("slow-model", [{"content": f"word{i} "} for i in range(12)]), delay=0.2)
     page.goto(tooltap.url + "/_tooltap/")
     wait_live(page)
+    assert page.locator("#sessions-total").inner_text() == "0"
     sender = threading.Thread(target=send, args=(tooltap.url, {
         "model": "slow-model", "stream": True, "messages": [{"role": "user", "content": "count slowly"}]}))
     sender.start()
@@ -117,6 +118,7 @@ def test_a_streaming_turn_appears_live_on_the_list_and_grows(tooltap, upstream, 
     page.locator("tr[data-session]", has_text="count slowly").wait_for()
     sender.join()
     assert live.count() == 0  # the in-flight box gives way to the stored row
+    assert page.locator("#sessions-total").inner_text() == "1"  # the header counts it too
 
 
 def test_a_new_turn_appears_live_on_its_session_page(tooltap, upstream, page):

@@ -85,9 +85,17 @@
     if (!row) return;
     row.classList.add("fresh");
     if (existing) existing.remove();
+    else countNewSession();
     const empty = tbody.querySelector("tr.empty");
     if (empty) empty.remove();
     tbody.prepend(row);
+  }
+
+  function countNewSession() {
+    const total = document.getElementById("sessions-total");
+    if (!total) return;
+    total.dataset.total = String(Number(total.dataset.total) + 1);
+    total.textContent = Number(total.dataset.total).toLocaleString("en-US");
   }
 
   async function storedOnSession(ev) {

@@ -159,3 +159,74 @@ async def test_bytes_after_the_answer_do_not_change_it_and_the_connection_is_not
         assert response.status == 200
         assert up.connections == 2
         await client.close()
+
+
+async def parts(*pieces: bytes, pause: float = 0.02):
+    for piece in pieces:
+        await asyncio.sleep(pause)
+        yield piece
+
+
+async def test_a_streamed_body_goes_out_part_by_part_with_the_announced_length():
+    bodies = []
+
+    async def serve(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        bodies.append((head, await reader.readexactly(9)))
+        writer.write(ok(b"done"))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    origin = Origin.of(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    client = Client(read_timeout=5)
+    response = await client.request("POST", origin, "/", [(b"content-length", b"9")], b"abc",
+                                    rest=parts(b"def", b"ghi"), length=9)
+    assert response.status == 200 and await read_all(response) == b"done"
+    (head, body), = bodies
+    assert body == b"abcdefghi" and b"content-length: 9\r\n" in head
+    await client.close()
+    server.close()
+
+
+async def test_an_upstream_that_answers_before_the_body_is_whole_is_heard_and_the_rest_not_sent():
+    """A 401 or 413 can come, and the socket close, while the agent is still sending."""
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 413 Too Large\r\ncontent-length: 8\r\nconnection: close\r\n\r\ntoo big!")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    origin = Origin.of(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    client = Client(read_timeout=5)
+    response = await client.request("POST", origin, "/", [], b"a" * 1000,
+                                    rest=parts(*[b"b" * 65536] * 8, pause=0.05), length=1000 + 8 * 65536)
+    assert response.status == 413 and await read_all(response) == b"too big!"
+    response.release()
+    await client.close()
+    server.close()
+
+
+async def test_an_agent_gone_mid_body_closes_the_upstream_connection_short_of_the_length():
+    got = asyncio.get_running_loop().create_future()
+
+    async def serve(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = await reader.read()  # to the end of the connection
+        got.set_result((head, body))
+        writer.close()
+
+    async def gone():
+        yield b"def"
+        raise RuntimeError("the agent hung up")
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    origin = Origin.of(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    client = Client(read_timeout=5)
+    with pytest.raises(RuntimeError, match="hung up"):
+        await client.request("POST", origin, "/", [], b"abc", rest=gone(), length=100)
+    head, body = await asyncio.wait_for(got, 5)
+    assert b"content-length: 100\r\n" in head and body == b"abcdef"  # 6 of 100: never a whole request
+    await client.close()
+    server.close()

@@ -120,6 +120,18 @@ def test_captured_nan_and_lone_surrogates_read_back(tooltap, upstream):
         assert httpx.get(tooltap.url + page, timeout=20).status_code == 200, page
 
 
+def test_tool_arguments_with_integers_beyond_64_bits_are_stored_as_they_are(tooltap, upstream):
+    """A JSON column's text is orjson's, which refuses such integers; json.dumps takes them."""
+    big = 2**100 + 7
+    upstream.routes["/chat/completions"] = Reply.json({
+        "id": "r", "object": "chat.completion", "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                        "function": {"name": "count", "arguments": json.dumps({"n": big, "keys": {"1": 2}})}}]}}]})
+    turn = send(tooltap, b'{"model":"m","messages":[{"role":"user","content":"count"}]}')
+    assert nothing_quarantined(tooltap) and turn["status"] == "ok"
+    assert turn["tool_calls"][0]["arguments"] == {"n": big, "keys": {"1": 2}}
+
+
 def test_ids_of_any_size_are_answered_not_crashed_on(tooltap, upstream):
     upstream.routes["/chat/completions"] = OK
     send(tooltap, b'{"model":"m","messages":[{"role":"user","content":"hi"}]}')

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from alembic import command
 from alembic.config import Config
@@ -16,16 +20,28 @@ if not MIGRATIONS.is_dir():  # running from a source checkout: migrations/ sits 
     MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
+def json_text(value: Any) -> str:
+    """A JSON column's text, by orjson: compact, and several times faster than json.dumps
+    (which was 3% of the writer's time). Keys that are not strings become strings, as
+    json.dumps makes them; what orjson refuses (an integer beyond 64 bits, in a model's
+    tool arguments say) goes to json.dumps. (Read back by json.loads: orjson would make
+    such an integer a float.)"""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
 def make_engine(url: str, *, busy_timeout: float = 2.0) -> Engine:
     """hide_parameters: a database error must not print captured content into the logs."""
     url = normalize_db_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": busy_timeout, "check_same_thread": False},
-                               hide_parameters=True)
+                               hide_parameters=True, json_serializer=json_text)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     engine = create_engine(
-        url, pool_pre_ping=True, hide_parameters=True,
+        url, pool_pre_ping=True, hide_parameters=True, json_serializer=json_text,
         # Never wait forever on a lock or a dead server: the writer spools and retries.
         connect_args={"connect_timeout": 5,
                       "options": "-c lock_timeout=5000 -c statement_timeout=30000"},

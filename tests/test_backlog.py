@@ -3,6 +3,7 @@ lost, and /_tooltap/api/health says how much waits where."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -69,3 +70,24 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
     assert done["status"] == "ok" and done["writer"]["backlog"] == 0 and done["writer"]["written"] == n + 1
     assert done["writer"]["turns_per_s"] > 0
     s.stop()
+
+
+def scheduling(pid: int) -> set[tuple[int, int]]:
+    """(policy, niceness) of each of the process's threads."""
+    return {(os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid)))
+            for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_the_writer_runs_nicer_than_the_proxy_or_idle_when_asked(tmp_path, upstream, serve):
+    upstream.routes["/chat/completions"] = reply()
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    for env, expected in [({}, {(os.SCHED_OTHER, min(19, ours + 10))}),
+                          ({"TOOLTAP_WRITER_NICE": "idle"}, {(os.SCHED_IDLE, ours)})]:
+        s = serve(tmp_path / f"{len(env)}.db", env=env)
+        s.post(0)
+        s.wait_stored(1)
+        writer = s.health()["writer"]["pid"]
+        assert len(os.listdir(f"/proc/{writer}/task")) > 1
+        assert scheduling(writer) == expected, env  # every thread, the storing one too
+        assert scheduling(s.proc.pid) == {(os.SCHED_OTHER, ours)}  # the proxy keeps its place
+        s.stop()

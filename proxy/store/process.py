@@ -15,7 +15,8 @@ live events of stored turns.
 
 `WriterProcess` has the interface of `writer.Writer`, which runs inside the child.
 Settings (environment): TOOLTAP_FSYNC_MS (200), TOOLTAP_WRITER_MEMORY_MB (64),
-TOOLTAP_WRITER_NICE (10: how much lower the writer's priority is than the proxy's),
+TOOLTAP_WRITER_NICE (10: how much lower the writer's priority is than the proxy's;
+`idle`: SCHED_IDLE, only the CPU time nothing else wants),
 TOOLTAP_JOURNAL (the journal's folder; default beside the spool),
 TOOLTAP_JOURNAL_SEGMENT_MB (8; two segments are reserved on disk ahead of need).
 """
@@ -264,6 +265,32 @@ class _Events:
             self.outbox.put(("events", events))
 
 
+def _step_aside() -> None:
+    """Lower this process's priority below the proxy's (its threads, started later, inherit
+    it): TOOLTAP_WRITER_NICE steps nicer, 10 by default (0: the proxy's priority, as the
+    writer benchmarks run), or `idle` for SCHED_IDLE (Linux). An idle-class writer yields
+    its core the moment a proxy thread wakes, where a niced one runs on to the end of its
+    slice (EEVDF, Linux 6.6 and later): at concurrency 1 that took 0.4-0.6 ms off the
+    time added to a first byte. But it gets next to no CPU while other processes keep
+    every core busy (an agent's build, its tests), and its turns reach the inspector a
+    minute late, so it is for machines that serve agents only (bench/README.md)."""
+    value = os.environ.get("TOOLTAP_WRITER_NICE", "").strip().lower() or str(NICENESS)
+    if value != "idle" and not value.isdigit():
+        log.warning("TOOLTAP_WRITER_NICE=%r is neither a number of 0 or more nor 'idle'; using %d",
+                    value, NICENESS)
+        value = str(NICENESS)
+    if value == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except (AttributeError, OSError):  # not Linux: the nicest niceness instead
+            value = "19"
+    try:
+        os.nice(int(value))
+    except OSError:
+        pass
+
+
 def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_bytes: int,
            parent_pid: int, inbox, outbox, instance: str) -> None:
     from .writer import Writer
@@ -275,11 +302,8 @@ def _child(db_url: str, spool_path: str, slot: str, busy_timeout: float, memory_
     stacks.dump_on_sigusr1()
     malloc.keep_large_buffers()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_AT_START)
-    try:
-        os.nice(int(env_number("TOOLTAP_WRITER_NICE", NICENESS)))
-    except OSError:
-        pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _step_aside()
     lock_writer(slot)  # held until this process exits
     reader = JournalReader(slot)
     writer = Writer(db_url, spool_path, busy_timeout=busy_timeout, live=_Events(outbox), durable=True,

@@ -61,9 +61,9 @@ class Conn:
         if self.w is None:
             await self.open()
         r, w = self.r, self.w
-        data = request_bytes(self.host, self.port, path, body)
+        request = request_bytes(self.host, self.port, path, body)
         t0 = time.perf_counter()
-        w.write(data)
+        w.write(request)
         buf = bytearray()
         while True:
             data = await r.read(1 << 20)

@@ -19,6 +19,14 @@ REPO = BENCH.parent
 RESULTS = BENCH / "results"
 
 
+LENGTH_BANDS = ((0, 20), (90, 110), (180, 200))  # turn numbers compared as a session grows
+
+
+def length_bands(turns: int) -> list[tuple[int, int]]:
+    """LENGTH_BANDS that a session of `turns` turns reaches."""
+    return [(lo, min(hi, turns)) for lo, hi in LENGTH_BANDS if lo < turns]
+
+
 def py_spy() -> str:
     """py-spy: $PY_SPY, on the PATH, or beside this interpreter (a virtualenv not activated)."""
     beside = str(Path(sys.executable).parent)

@@ -62,7 +62,6 @@ def session_turns(i: int, uids: int) -> list[tuple[bytes, bytes]]:
 def fill(db: Path, sessions: int, uids: int) -> dict:
     from proxy import apis
     from proxy.capture import Capture, TurnRecord
-    from proxy.secrets import redact_headers
     from proxy.store.writer import Writer
 
     api = apis.detect("POST", "/chat/completions")
@@ -73,8 +72,8 @@ def fill(db: Path, sessions: int, uids: int) -> dict:
         for body, sse in session_turns(i, uids):
             cap = Capture(TurnRecord(started_at=time.time(), method="POST", path="/chat/completions",
                                      upstream="http://upstream", request_body=body, api=api.name,
-                                     request_headers=redact_headers([("content-type", "application/json"),
-                                                                     ("authorization", "Bearer sk-bench")])), api)
+                                     request_headers=[("content-type", "application/json"),
+                                                      ("authorization", "Bearer sk-bench")]), api)
             cap.response_started(200, [["content-type", "text/event-stream"]], "text/event-stream", None)
             for k in range(0, len(sse), 512):  # network-sized chunks
                 cap.feed(sse[k:k + 512])

@@ -25,12 +25,12 @@ import tempfile
 from pathlib import Path
 
 from client import Conn, check
-from common import free_port, machine, median, start_tooltap, start_upstream, stop, table, write_results
+from common import (free_port, length_bands, machine, median, start_tooltap, start_upstream, stop, table,
+                    write_results)
 from storage import PATH, RESPONSE_EVENTS, session_bodies
 from upstream import chat_stream
 from writer import bodies_of
 
-BANDS = ((0, 20), (90, 110), (180, 200))
 
 
 async def play(ports: dict[str, int], sessions: list[list[bytes]], expect: int) -> dict[str, list[list[float]]]:
@@ -61,7 +61,7 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=3)
     ap.add_argument("--turns", type=int, default=200)
     a = ap.parse_args()
-    bands = [(lo, min(hi, a.turns)) for lo, hi in BANDS if lo < a.turns]
+    bands = length_bands(a.turns)
     template = session_bodies(a.turns, 30, 8)
     sessions = [bodies_of(template, 800_000 + k) for k in range(a.sessions)]
     expect = sum(len(e) for e in chat_stream(RESPONSE_EVENTS, 200))

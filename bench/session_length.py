@@ -20,10 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, table
+from common import REPO, length_bands, table
 
 sys.path.insert(0, str(REPO))
-BANDS = ((0, 20), (90, 110), (180, 200))
 
 
 def one_run(sessions: int, turns: int) -> list[float]:
@@ -58,7 +57,7 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--turns", type=int, default=200)
     a = ap.parse_args()
-    bands = [(lo, min(hi, a.turns)) for lo, hi in BANDS if lo < a.turns]
+    bands = length_bands(a.turns)
     runs = []
     for n in range(a.runs):
         per_turn = one_run(a.sessions, a.turns)

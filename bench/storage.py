@@ -159,15 +159,14 @@ def captured_records(bodies: list[bytes]):
     """TurnRecords made the way the hot path makes them, the response fed event by event."""
     from proxy import apis
     from proxy.capture import Capture, TurnRecord
-    from proxy.secrets import redact_headers
 
     api = apis.detect("POST", "/v1/chat/completions")
     events = chat_stream(RESPONSE_EVENTS, 200)
     records = []
     for body in bodies:
         cap = Capture(TurnRecord(started_at=time.time(), method="POST", path=PATH, upstream="http://upstream",
-                                 request_headers=redact_headers([("content-type", "application/json"),
-                                                                 ("authorization", "Bearer sk-bench")]),
+                                 request_headers=[("content-type", "application/json"),
+                                                  ("authorization", "Bearer sk-bench")],
                                  request_body=body, api=api.name), api)
         cap.response_started(200, [["content-type", "text/event-stream"]], "text/event-stream", None)
         for ev in events:

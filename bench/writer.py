@@ -71,11 +71,10 @@ def capture(body: bytes, events) -> object:
 
     from proxy import apis
     from proxy.capture import Capture, TurnRecord
-    from proxy.secrets import redact_headers
 
     cap = Capture(TurnRecord(started_at=time.time(), method="POST", path=PATH, upstream="http://upstream",
-                             request_headers=redact_headers([["content-type", "application/json"],
-                                                             ["authorization", "Bearer sk-bench"]]),
+                             request_headers=[("content-type", "application/json"),
+                                              ("authorization", "Bearer sk-bench")],
                              request_body=body, api="openai.chat"), apis.by_name("openai.chat"))
     cap.response_started(200, [["content-type", "text/event-stream"]], "text/event-stream", None)
     for ev in events:

@@ -36,12 +36,12 @@ class TurnRecord:
     method: str
     path: str  # as the client asked, query included (redacted)
     upstream: str  # redacted upstream base URL
-    request_headers: list[list[str]]
+    request_headers: list  # as they came until Capture.finish() fingerprints their secrets
     request_body: bytes
     session_hint: str | None = None  # X-Tooltap-Session
     api: str = "other"
     http_status: int | None = None
-    response_headers: list[list[str]] = field(default_factory=list)
+    response_headers: list = field(default_factory=list)  # likewise
     status: str = "ok"
     error: str | None = None
     stream: bool = False
@@ -230,8 +230,9 @@ class Capture:
 
     def response_started(self, status: int, headers: list[tuple[str, str]], content_type: str,
                          content_encoding: str | None) -> None:
-        """`headers` as they came: their secrets are fingerprinted by finish(), after the
-        stream rather than before its first byte, and before anything is stored."""
+        """`headers` as they came: their secrets are fingerprinted by finish() (as the
+        request's are), after the stream rather than before its first byte, and before
+        anything is stored."""
         rec = self.record
         rec.http_status = status
         rec.response_headers = headers
@@ -279,6 +280,7 @@ class Capture:
             rec.status = status
         elif (rec.http_status or 0) >= 400 or rec.stream_error:
             rec.status = "upstream_error"
+        rec.request_headers = redact_headers(rec.request_headers)
         rec.response_headers = redact_headers(rec.response_headers)
         rec.raw = self._raw.hand_over()  # the writer stores it, then releases it
         rec.raw_size = self._size  # its sha256 is the writer's work

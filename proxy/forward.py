@@ -25,7 +25,7 @@ from . import upstream as upstream_client
 from .capture import Capture, TurnRecord
 from .config import Settings
 from .live import LiveHub
-from .secrets import redact_headers, redact_query, redact_url
+from .secrets import redact_query, redact_url
 
 log = logging.getLogger("tooltap")
 
@@ -139,7 +139,7 @@ class Forwarder:
                 method=method,
                 path=raw_path + ("?" + redact_query(query) if query else ""),
                 upstream=redact_url(upstream.url),
-                request_headers=redact_headers(headers),
+                request_headers=headers,  # fingerprinted by capture.finish(), before anything is stored
                 request_body=body.data,  # (streamed: its first part, until the rest has come)
                 session_hint=session_hint,
                 api=api.name if api else "other",
@@ -172,7 +172,7 @@ class Forwarder:
             try:
                 if streamed:
                     response = await self.client.request(method, origin, target, wire_headers, body.parts[0],
-                                                         rest=body.rest(then=watch.start), length=body.length)
+                                                         rest=body.rest(then=watch.start), length=body.announced)
                 else:
                     response = await self.client.request(method, origin, target, wire_headers, body.data)
             except _BodyCut as cut:  # the upstream's connection is closed short of the whole body
@@ -306,7 +306,6 @@ class _RequestBody:
         self.parts: list[bytes] = []
         self.done = False
         self.incomplete: str | None = None  # why it did not all arrive
-        self.length = 0  # as the agent's Content-Length announces it (streamed bodies)
 
     @property
     def data(self) -> bytes:
@@ -334,13 +333,15 @@ class _RequestBody:
         while await self.read():
             pass
 
+    @property
+    def announced(self) -> int:
+        """The length the agent's Content-Length announces (0: none)."""
+        value = next((v for k, v in self._scope["headers"] if k.lower() == b"content-length"), b"")
+        return int(value) if value.isdigit() else 0
+
     def worth_streaming(self) -> bool:
         """More is to come and its length is announced and large."""
-        if self.done:
-            return False
-        value = next((v for k, v in self._scope["headers"] if k.lower() == b"content-length"), b"")
-        self.length = int(value) if value.isdigit() else 0
-        return self.length >= STREAM_BODY_BYTES
+        return not self.done and self.announced >= STREAM_BODY_BYTES
 
     async def rest(self, then: Callable[[], None]):
         """The parts after the first, as they arrive; `then()` once the body is whole.

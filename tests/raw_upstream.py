@@ -1,6 +1,6 @@
 """Raw asyncio servers on a thread of their own, for upstreams that must misbehave or
 watch at the socket level (close mid-request, see a body arrive): `RawUpstream`'s
-subclasses write `_connection`."""
+subclasses write `_connection(reader, writer)`, asyncio's connection callback."""
 
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ class RawUpstream:
         self.ready.set()
         async with server:
             await self._stop.wait()
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        raise NotImplementedError
 
     def __enter__(self):
         self.thread.start()

@@ -110,11 +110,13 @@ def test_credentials_by_rule_never_reach_the_database(tooltap, upstream):
     assert response_headers["x-litellm-response-cost"] == "0.0021"
 
 
-def test_the_turn_handed_to_the_store_holds_only_fingerprinted_response_headers():
-    # The hot path passes the answer's headers on before redacting them (after the stream):
+def test_the_turn_handed_to_the_store_holds_only_fingerprinted_headers():
+    # The hot path passes the headers on as they came and redacts them after the stream:
     # what finish() hands to the journal must be redacted all the same.
+    key = "sk-" + "K" * 40
     capture = Capture(TurnRecord(started_at=time.time(), method="POST", path="/v1/chat/completions",
-                                 upstream="http://up", request_headers=[], request_body=b"{}"), None)
+                                 upstream="http://up", request_body=b"{}",
+                                 request_headers=[("authorization", "Bearer " + key), ("accept", "*/*")]), None)
     capture.response_started(200, [("content-type", "application/json"), ("set-cookie", "sid=" + "S" * 30),
                                    ("x-request-id", "req_8f3a")], "application/json", None)
     capture.feed(b"{}")
@@ -122,6 +124,9 @@ def test_the_turn_handed_to_the_store_holds_only_fingerprinted_response_headers(
     headers = dict(record.response_headers)
     assert FINGERPRINT.match(headers["set-cookie"]) and "S" * 30 not in str(record.response_headers)
     assert headers["content-type"] == "application/json" and headers["x-request-id"] == "req_8f3a"
+    sent = dict(record.request_headers)
+    assert sent["authorization"] == "Bearer " + fingerprint(key) and key not in str(record.request_headers)
+    assert sent["accept"] == "*/*"
 
 
 def test_the_name_rule_on_its_own():

@@ -70,7 +70,7 @@ class Writer:
         # Set: announce each batch's turns to the other instances on the database (peers.py).
         self.announce_as: str | None = None
         self._full_gc_at = time.monotonic() + FULL_GC_SECONDS
-        self._heap_used = False  # batches stored since the heap was last given back (own_process)
+        self._heap_used = False  # a batch stored since the heap was last given back (own_process)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ingestor = Ingestor(self.engine.dialect.name)

@@ -1,14 +1,17 @@
-"""The writer's own CPU per turn by turn number, without the journal or a second process.
+"""The writer's own CPU per turn by turn number, in one process.
 
     python bench/session_length.py [--runs 5] [--sessions 10] [--turns 200]
 
 bench/writer.py measures the whole writer (journal, process, batches) by /proc's 10 ms
 ticks, which at 10 turns a round is a resolution of 1 ms a turn on a noisy machine.
-This one times the part whose cost may grow with a session, the writer's batch itself
-(`Writer._commit`: parse, assemble, place, store, decode), with time.process_time in
-this process, on a SQLite file: `--sessions` sessions of the bench/writer.py template,
-one turn of each per batch, bodies growing to ~1.3 MB at turn 200. Medians over
-`--runs` runs, per band of turn numbers.
+This one times, with time.thread_time, what the writer process does with a turn: read
+it from the journal (`JournalReader.read`) and store it (`Writer._commit`: parse,
+assemble, place, store, decode; then `_settle_memory`, as the writer process does), on a
+SQLite file. The turns are captured as the hot
+path captures them and written by a real `Journal` first (the proxy's part, not timed):
+`--sessions` sessions of the bench/writer.py template, one turn of each per round,
+bodies growing to ~1.3 MB at turn 200. Medians over `--runs` runs, per band of turn
+numbers: the journal's read, the batch, and the two together.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from common import REPO, length_bands, table
 sys.path.insert(0, str(REPO))
 
 
-def one_run(sessions: int, turns: int) -> list[float]:
-    """ms of CPU per turn, for each turn number."""
+def one_run(sessions: int, turns: int) -> list[tuple[float, float]]:
+    """(ms of CPU reading, ms storing) per turn, for each turn number."""
     from proxy import malloc
     from proxy.store.db import migrate
+    from proxy.store.journal import Journal, JournalReader
     from proxy.store.writer import Writer
     from storage import RESPONSE_EVENTS
     from upstream import chat_stream
@@ -38,15 +42,28 @@ def one_run(sessions: int, turns: int) -> list[float]:
     with tempfile.TemporaryDirectory() as folder:
         writer = Writer(f"sqlite:///{Path(folder) / 'length.db'}", str(Path(folder) / "spool.jsonl"))
         migrate(writer.engine)
+        journal = Journal(str(Path(folder) / "journal"))
+        journal.start()
+        reader = JournalReader(journal.slot)
         events = chat_stream(RESPONSE_EVENTS, 200)
         tpl = template(turns)
         bodies = [bodies_of(tpl, 900_000 + k) for k in range(sessions)]
         out = []
         for t in range(turns):
-            records = [capture(b[t], answer(events, t)) for b in bodies]
-            start = time.process_time()
+            for b in bodies:
+                journal.submit(capture(b[t], answer(events, t)))
+            journal.mark()
+            start = time.thread_time()
+            records = reader.read(1 << 40)
+            read = time.thread_time()
             writer._commit(records)  # one batch, as the writer's thread commits it
-            out.append((time.process_time() - start) / len(records) * 1e3)
+            writer._settle_memory()  # and then, in the writer process, hides what it keeps from the collector
+            stored = time.thread_time()
+            reader.confirm(records)
+            out.append(((read - start) / len(records) * 1e3, (stored - read) / len(records) * 1e3))
+        reader.close()
+        journal.close()
+        journal.release()
         writer.engine.dispose()
     return out
 
@@ -61,12 +78,17 @@ def main() -> int:
     runs = []
     for n in range(a.runs):
         per_turn = one_run(a.sessions, a.turns)
-        runs.append([statistics.median(per_turn[lo:hi]) for lo, hi in bands])
-        print(f"run {n + 1}: " + " / ".join(f"{v:.2f}" for v in runs[-1]) + " ms", flush=True)
-    medians = [statistics.median(r[i] for r in runs) for i in range(len(bands))]
+        runs.append([[statistics.median(f(x) for x in per_turn[lo:hi]) for lo, hi in bands]
+                     for f in (lambda x: x[0], lambda x: x[1], lambda x: x[0] + x[1])])
+        print(f"run {n + 1}: read + store " + " / ".join(f"{v:.2f}" for v in runs[-1][2]) + " ms", flush=True)
+    rows = []
+    for i, (lo, hi) in enumerate(bands):
+        read, store, both = (statistics.median(r[k][i] for r in runs) for k in range(3))
+        first = statistics.median(r[2][0] for r in runs)
+        rows.append([f"{lo + 1}-{hi}", f"{read:.2f}", f"{store:.2f}", f"{both:.2f}", f"{both / first:.2f}x"])
     print()
-    print(table([[f"{lo + 1}-{hi}", f"{m:.2f}", f"{m / medians[0]:.2f}x"] for (lo, hi), m in zip(bands, medians)],
-                ["turns", "writer CPU ms/turn, median of runs", "vs the first band"]))
+    print(table(rows, ["turns", "journal read", "batch", "writer CPU ms/turn", "vs the first band"]))
+    print("(medians of runs of each band's median turn)")
     return 0
 
 

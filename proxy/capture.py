@@ -69,6 +69,11 @@ class TurnRecord:
     def raw_bytes(self) -> bytes:
         return b"".join(self.iter_raw())
 
+    def body(self):
+        """The request body as the writer may read it without a copy (journal.JournaledTurn:
+        possibly a `store.resent.Spliced`)."""
+        return self.request_body
+
     def release(self) -> None:
         """The raw bytes are stored: delete their temporary file, if any."""
         if isinstance(self.raw, str):

@@ -202,10 +202,10 @@ def _record(i: int, raw: bytes | str = b'{"choices": []}') -> TurnRecord:
                       response_headers=[["content-type", "application/json"]])
 
 
-def _write(root: Path, records: list[TurnRecord]) -> Journal:
+def _write(root: Path, records: list[TurnRecord], segment_bytes: int = 1 << 16) -> Journal:
     """A journal that takes `records`, then stops as a killed tooltap would: without
     handing anything over."""
-    journal = Journal(str(root), fsync_seconds=0.01, segment_bytes=1 << 16)
+    journal = Journal(str(root), fsync_seconds=0.01, segment_bytes=segment_bytes)
     journal.start()
     for r in records:
         journal.submit(r)

@@ -158,7 +158,10 @@ class Ingestor:
 
     def add(self, rec: TurnRecord) -> Ingested:
         api = apis.by_name(rec.api)
-        parsed = self._requests.parse(rec.request_body, api.keys.messages if api and api.keys else None)
+        body = rec.body()
+        uid = getattr(rec, "uid", None) or uuid.uuid4().hex
+        parsed = self._requests.parse(body, api.keys.messages if api and api.keys else None, uid,
+                                      getattr(rec, "extends", None))
         request, request_problem = parsed.value, parsed.problem
         response, response_note = self._response(rec, api)
         sha = None if rec.raw_sha256 else hashlib.sha256()  # the hot path leaves it to the writer
@@ -169,7 +172,7 @@ class Ingestor:
             api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream,
             http_status=rec.http_status, status=rec.status, stream=rec.stream,
             started_at=rec.started_at, ttft_ms=rec.ttft_ms, duration_ms=rec.duration_ms,
-            request_size=len(rec.request_body), request_headers=rec.request_headers,
+            request_size=len(body), request_headers=rec.request_headers,
             response_headers=rec.response_headers,
             raw=content.compress_chunks(raw, 6 if rec.raw_size < (8 << 20) else 1),
             raw_size=rec.raw_size, raw_sha256=rec.raw_sha256 or sha.hexdigest(),
@@ -180,13 +183,13 @@ class Ingestor:
             stream_error=rec.stream_error,
             # The journal's id: a turn read again is never stored twice. A turn from
             # elsewhere gets one too: the batch insert matches rows to turns by it.
-            uid=getattr(rec, "uid", None) or uuid.uuid4().hex,
+            uid=uid,
         )
         if response is not None:
             turn.response = content.pack(response)
             turn.response_text = reply_text(rec.api, response)
         if not isinstance(request, dict):
-            turn.request_raw = content.compress_chunks([rec.request_body]) if rec.request_body else None
+            turn.request_raw = content.compress_chunks([bytes(body)]) if len(body) else None
             request = None
 
         hashes: list[str] = []

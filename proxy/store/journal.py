@@ -12,6 +12,11 @@ On disk: `<root>/<slot>/<number>.seg`. A slot belongs to one running tooltap (a 
 file says so; a second instance on the same path takes the next slot, and a slot left
 behind by a dead instance is adopted by the next one to start). A segment is a run of
 frames: payload length, payload, crc32 of the payload; a zero length ends the data.
+Every frame holds its whole turn. One whose request body starts with most of the body
+of an earlier turn of its conversation (an agent's resent history) also names that turn
+and how many bytes they share (resent.py), and carries a CRC-32 of its header and one of
+the bytes after the shared ones: a writer that still has the earlier body reads only the
+rest of the frame.
 Space is reserved ahead of need: each segment is allocated in full when it is created
 and the next one is allocated in advance, so turns that arrive as the disk fills still
 find room; when nothing can be written the turns wait in memory, and the log says how
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from zlib_ng import zlib_ng  # the same CRC-32 as zlib's, 14x faster (a 1.3 MB body: 0.02 ms)
 
 from ..capture import TurnRecord
+from .resent import Base, Recent, Spliced
 
 log = logging.getLogger("tooltap.store")
 
@@ -53,7 +59,11 @@ HAND_OVER_BYTES = 64 << 20  # at shutdown, a backlog up to this size moves to th
 _LEN = struct.Struct("<Q")  # a frame: its payload's length, the payload, its crc32
 _CRC = struct.Struct("<I")
 _OVERHEAD = _LEN.size + _CRC.size
-_PARTS = struct.Struct("<IIQ")  # the payload starts with: header, request body, raw response lengths
+# The payload starts with: the header's, the request body's and the raw response's lengths;
+# the CRC-32 of the header, and of the body past what it shares with its base and the raw
+# response (0 without a base).
+_PARTS = struct.Struct("<IIQII")
+_PARTS_V1 = struct.Struct("<IIQ")  # frames written before 2026-12-01: read, no longer written
 _SEG = ".seg"
 _SPARE = "next.spare"
 _FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord) if f.name not in ("request_body", "raw", "seq"))
@@ -64,18 +74,38 @@ Position = tuple[int, int]  # (segment number, byte offset): everything before i
 @dataclass
 class JournaledTurn(TurnRecord):
     """A turn read back from the journal (or the spool), with the unique id it was given
-    there: storing it twice stores it once."""
+    there: storing it twice stores it once. Its body may be a `Spliced` over the one of
+    the turn it `extends` (that turn's uid, and how many bytes they share): `body()`
+    gives it as it is, `request_body` as bytes."""
+
+    extends: tuple[str, int] | None = None
+
+    @property
+    def request_body(self) -> bytes:
+        body = self.__dict__["_body"]
+        if isinstance(body, Spliced):
+            body = self.__dict__["_body"] = bytes(body)
+        return body
+
+    @request_body.setter
+    def request_body(self, value: bytes | Spliced) -> None:
+        self.__dict__["_body"] = value
+
+    def body(self) -> bytes | Spliced:
+        return self.__dict__["_body"]
 
 
 # -- frames ----------------------------------------------------------------------------
 
 
-def _header(record: TurnRecord, uid: str) -> bytes:
+def _header(record: TurnRecord, uid: str, base: Base | None) -> bytes:
     """The turn's fields but its bodies: plain values (str, numbers, lists, dicts), pickled
     because that costs the proxy a fifth of JSON; read back by an unpickler that loads no
     class at all, so a journal file can only ever yield plain values."""
     data = {name: getattr(record, name) for name in _FIELDS}
     data["uid"] = uid
+    if base is not None:
+        data["base"] = (base.uid, base.shared)
     try:
         return pickle.dumps(data, protocol=5)
     except (RecursionError, pickle.PicklingError):  # a pathologically deep assembled response
@@ -105,21 +135,29 @@ def _pwrite(fd: int, data: bytes, offset: int) -> None:
 class Frame:
     """One turn, ready to write: its size is known before a byte is written. A raw
     response kept in a temporary file is copied in (the journal must not depend on a file
-    deleted at exit)."""
+    deleted at exit). With a `base` (resent.py), its header names the earlier turn, and a
+    CRC-32 of what follows the shared bytes lets a reader that has that turn's body read
+    only the rest."""
 
-    def __init__(self, record: TurnRecord, uid: str):
+    def __init__(self, record: TurnRecord, uid: str, base: Base | None = None):
         self.raw_path = record.raw if isinstance(record.raw, str) else None
         self.raw = b"" if self.raw_path else record.raw
         raw_len = len(self.raw)
         if self.raw_path:
+            base = None  # its CRC-32 would need the file read twice
             try:
                 raw_len = os.path.getsize(self.raw_path)
             except OSError as exc:  # not the journal's disk: keep the turn without those bytes
                 record.error = "; ".join(filter(None, [record.error, f"capture: raw bytes lost ({exc})"]))
                 self.raw_path = None
-        header = _header(record, uid)
+        header = _header(record, uid, base)
+        body = record.request_body
+        tail_crc = 0
+        if base is not None:
+            tail_crc = zlib_ng.crc32(self.raw, zlib_ng.crc32(memoryview(body)[base.shared:]))
+        parts = _PARTS.pack(len(header), len(body), raw_len, zlib_ng.crc32(header), tail_crc)
         # The body stays a part of its own (a megabyte at 200 turns: not copied to join it).
-        self.head = [_PARTS.pack(len(header), len(record.request_body), raw_len) + header, record.request_body]
+        self.head = [parts + header, body]
         self.head_len = sum(map(len, self.head))
         self.raw_len = raw_len
         self.size = _OVERHEAD + self.head_len + raw_len
@@ -145,10 +183,16 @@ class Frame:
         return pos + _CRC.size
 
 
-def decode_parts(header: bytes, body: bytes, raw: bytes) -> JournaledTurn:
-    values = _PlainValues(io.BytesIO(header)).load()
+def decode_header(header: bytes) -> dict:
+    return _PlainValues(io.BytesIO(header)).load()
+
+
+def journaled_turn(values: dict, body: bytes | Spliced, raw: bytes) -> JournaledTurn:
     known = {k: v for k, v in values.items() if k in _FIELDS or k == "uid"}
-    return JournaledTurn(**known, request_body=body, raw=raw)
+    turn = JournaledTurn(**known, request_body=body, raw=raw)
+    if isinstance(body, Spliced):
+        turn.extends = (values["base"][0], body.shared)
+    return turn
 
 
 def frame_ends(path: str) -> array:
@@ -167,6 +211,49 @@ def frame_ends(path: str) -> array:
     except OSError:
         pass
     return ends
+
+
+def _read_parts(fd: int, at: int, lengths, before: bytes) -> tuple | None:
+    """The parts of `lengths` from `at`, each straight into bytes of its own, if the
+    frame's CRC-32 (of `before` and them, then at their end) checks out."""
+    parts = []
+    for length in lengths:
+        parts.append(os.pread(fd, length, at))
+        at += length
+    end = os.pread(fd, _CRC.size, at)
+    crc = zlib_ng.crc32(before)
+    for part in parts:
+        crc = zlib_ng.crc32(part, crc)
+    if [len(p) for p in parts] != list(lengths) or len(end) != _CRC.size or crc != _CRC.unpack(end)[0]:
+        return None
+    return tuple(parts)
+
+
+class _Bodies:
+    """The request bodies a reader read last, by turn uid, up to `budget` bytes: a frame
+    whose body extends one of them is read past what they share only. A chain of spliced
+    bodies is joined into bytes every `FLATTEN` links, so none grows long."""
+
+    FLATTEN = 32
+
+    def __init__(self, budget: int = 32 << 20) -> None:
+        self.budget = budget
+        self._kept: collections.OrderedDict[str, bytes | Spliced] = collections.OrderedDict()
+        self._bytes = 0
+
+    def get(self, uid: str) -> bytes | Spliced | None:
+        return self._kept.get(uid)
+
+    def keep(self, uid: str, body: bytes | Spliced) -> None:
+        if isinstance(body, Spliced) and body.depth >= self.FLATTEN:
+            body = bytes(body)
+        if len(body) > self.budget or uid in self._kept:
+            return
+        self._kept[uid] = body
+        self._bytes += len(body)
+        while self._bytes > self.budget:
+            _, gone = self._kept.popitem(last=False)
+            self._bytes -= len(gone)
 
 
 # -- slots -------------------------------------------------------------------------------
@@ -273,6 +360,7 @@ class Journal:
         self.lost = 0  # turns that could not be written before tooltap stopped
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._held: collections.deque[tuple[str, TurnRecord]] = collections.deque()  # accepted, not on disk
+        self._recent = Recent()  # the last body of each conversation, for the next one to name
         self._ends: dict[int, array] = {}  # frame end offsets per segment, for the backlog
         self._lock = threading.Lock()
         self._slot_fd: int | None = None
@@ -478,7 +566,8 @@ class Journal:
                   self.slot or self.root, self._full_reason, len(self._held), size / 1e6)
 
     def _append(self, uid: str, record: TurnRecord) -> None:
-        frame = Frame(record, uid)
+        body, hint = record.request_body, record.session_hint
+        frame = Frame(record, uid, self._recent.base_for(body, hint))
         if self._fd is None:
             self._open_segment()
         elif self._offset and (self._offset + frame.size > self.segment_bytes
@@ -496,6 +585,7 @@ class Journal:
         self._offset, self._unsynced = end, True
         with self._lock:
             self._ends[self._number].append(end)
+        self._recent.wrote(body, hint, uid)
 
     def _open_segment(self) -> None:
         """A new segment (the spare one if it is there), then a new spare."""
@@ -562,6 +652,7 @@ class JournalReader:
         self._waiting: dict[str, list] = {}
         self.outstanding_bytes = 0
         self._deleter = _Deleter()
+        self._bodies = _Bodies()  # the last ones read: the bases of the frames after them
 
     @property
     def position(self) -> Position:
@@ -583,12 +674,13 @@ class JournalReader:
                 frame = self._next_frame()
                 if frame is None:
                     break
-                n, parts = frame
+                n, header, body, raw = frame
                 try:
-                    entry = decode_parts(*parts)
+                    entry = journaled_turn(header if isinstance(header, dict) else decode_header(header), body, raw)
                 except (ValueError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as exc:
                     log.error("journal: skipped an unreadable turn in %s (%s)", self._path(), exc)
                     continue
+                self._bodies.keep(entry.uid, entry.body())
                 number, end = self._pos
                 item = [entry.uid, number, end - n - _OVERHEAD, n, False]
                 self._out.append(item)
@@ -632,35 +724,64 @@ class JournalReader:
     def _path(self) -> str:
         return segment_path(self.slot, self._pos[0])
 
-    def _next_frame(self) -> tuple[int, tuple[bytes, bytes, bytes]] | None:
-        """The next complete frame: its payload's length, and its header, request body and
-        raw response, each read straight into bytes of its own."""
+    def _frame_at(self, fd: int, offset: int) -> tuple[int, bytes | dict, bytes | Spliced, bytes] | None:
+        """The complete frame at `offset`: its payload's length, its header (bytes, or
+        decoded when it was needed to read the frame), request body and raw response;
+        None if there is none (yet), or it is torn. A body that extends one remembered
+        comes as a `Spliced` over it: the bytes they share are not read."""
+        head = os.pread(fd, _LEN.size + _PARTS.size, offset)
+        n = _LEN.unpack_from(head)[0] if len(head) >= _LEN.size + _PARTS_V1.size else 0
+        if not n:
+            return None
+        if len(head) == _LEN.size + _PARTS.size:
+            lengths = _PARTS.unpack_from(head, _LEN.size)
+            if _PARTS.size + sum(lengths[:3]) == n:
+                return self._frame_v2(fd, offset, n, head[_LEN.size:], *lengths)
+        lengths = _PARTS_V1.unpack_from(head, _LEN.size)
+        if _PARTS_V1.size + sum(lengths) != n:
+            return None
+        at = _LEN.size + _PARTS_V1.size
+        parts = _read_parts(fd, offset + at, lengths, head[_LEN.size:at])
+        return (n, *parts) if parts else None
+
+    def _frame_v2(self, fd: int, offset: int, n: int, parts: bytes, header_len: int, body_len: int,
+                  raw_len: int, header_crc: int, tail_crc: int):
+        at = offset + _LEN.size + _PARTS.size
+        header = os.pread(fd, header_len, at)
+        if len(header) != header_len or zlib_ng.crc32(header) != header_crc:
+            return None
+        try:
+            values = decode_header(header)
+            uid, shared = values["base"] if "base" in values else ("", 0)
+        except (ValueError, TypeError, KeyError, pickle.UnpicklingError, EOFError):
+            values, shared = header, 0  # read whole; what is wrong with it is told by the caller
+        base = self._bodies.get(uid) if shared else None
+        if base is not None and shared <= min(len(base), body_len):
+            at += header_len + shared
+            rest, raw = os.pread(fd, body_len - shared, at), os.pread(fd, raw_len, at + body_len - shared)
+            if (len(rest), len(raw)) == (body_len - shared, raw_len) and \
+                    zlib_ng.crc32(raw, zlib_ng.crc32(rest)) == tail_crc:
+                return n, values, Spliced(base, shared, rest), raw
+            return None
+        whole = _read_parts(fd, at + header_len, (body_len, raw_len), parts + header)
+        return (n, values, *whole) if whole else None
+
+    def _next_frame(self) -> tuple[int, bytes | dict, bytes | Spliced, bytes] | None:
+        """The next complete frame (see `_frame_at`)."""
         while True:
             if self._file is None and not self._open_current():
                 return None
             number, offset = self._pos
             # pread on a raw file: a buffered reader would serve the zeros it read ahead
-            fd = self._file.fileno()
-            head = os.pread(fd, _LEN.size + _PARTS.size, offset)
-            n = _LEN.unpack_from(head)[0] if len(head) == _LEN.size + _PARTS.size else 0
-            lengths = _PARTS.unpack_from(head, _LEN.size) if n else ()
-            if n and _PARTS.size + sum(lengths) == n:
-                parts, pos = [], offset + len(head)
-                for length in lengths:
-                    parts.append(os.pread(fd, length, pos))
-                    pos += length
-                end = os.pread(fd, _CRC.size, pos)
-                crc = zlib_ng.crc32(head[_LEN.size:])
-                for part in parts:
-                    crc = zlib_ng.crc32(part, crc)
-                if [len(p) for p in parts] == list(lengths) and len(end) == _CRC.size and crc == _CRC.unpack(end)[0]:
-                    self._pos = (number, offset + n + _OVERHEAD)
-                    return n, tuple(parts)
+            frame = self._frame_at(self._file.fileno(), offset)
+            if frame is not None:
+                self._pos = (number, offset + frame[0] + _OVERHEAD)
+                return frame
             # The end of the data, or a frame still being written, or one torn by a crash.
             later = [k for k in segments(self.slot) if k > number]
             if not later and not self._sealed_all:
                 return None
-            if n:
+            if os.pread(self._file.fileno(), _LEN.size, offset).strip(b"\0"):
                 log.warning("journal: %s ends in an incomplete turn (torn by a crash); the rest of "
                             "that segment is skipped", self._path())
             self._close_file()

@@ -12,6 +12,11 @@ of a turn). The value is exactly what `content.parse_strict` returns (a body thi
 does not understand goes to it whole), and the decoders, handed the same message
 objects, can reuse their work too.
 
+A body the journal wrote as "the first N bytes of turn X, then these" (resent.py)
+comes as a `Spliced`, with X's id and N: when X's prefix is remembered and within those
+N bytes, it is the base without a comparison (the proxy compared), and only the bytes
+after it are joined and decoded.
+
 Memory: the prefixes kept are bounded by `budget` bytes (plus the parsed
 messages, shared with the turns in the writer's caches).
 """
@@ -27,6 +32,7 @@ from typing import Any
 import orjson
 
 from . import content
+from .resent import Spliced
 
 BUDGET = 24 << 20  # bytes of request bodies remembered
 PROBE = 256  # bytes at the end of a remembered prefix compared first
@@ -45,7 +51,7 @@ class Prefix:
     """A request parsed recently: its body up to the end of its last message, and what
     that part parsed to."""
 
-    raw: memoryview  # its body up to the end of its last message (a view: no copy)
+    raw: memoryview | Spliced  # its body up to the end of its last message (no copy)
     head: str  # its text before the messages array
     messages: list  # the parsed messages
     hashes: list[str | None] = field(default_factory=list)  # per message (None: not hashed alone)
@@ -57,6 +63,12 @@ class Prefix:
     values: dict[str, tuple[str, Any]] = field(default_factory=dict)  # large values after the messages
     hashes_of: dict[str, str] = field(default_factory=dict)  # content hashes of those values
     known_in: int = -1  # the writer's generation of stored hashes its own were known in (ingest.py)
+    uid: str = ""  # the turn's
+
+    @property
+    def weight(self) -> int:
+        """Bytes it holds: its whole body (a spliced one's, as if it were bytes)."""
+        return len(self.raw) if isinstance(self.raw, Spliced) else len(self.raw.obj)
 
 
 @dataclass
@@ -74,22 +86,33 @@ class Requests:
     def __init__(self, budget: int = BUDGET):
         self.budget = budget
         self._kept: OrderedDict[int, Prefix] = OrderedDict()
+        self._by_uid: dict[str, Prefix] = {}
         self._bytes = 0
 
-    def parse(self, body: bytes, messages_key: str | None) -> Parsed:
+    def parse(self, body: bytes | Spliced, messages_key: str | None, uid: str = "",
+              extends: tuple[str, int] | None = None) -> Parsed:
+        """`extends`: (uid, N) when the body's first N bytes are that turn's (the journal's word)."""
         if messages_key is None or not body.startswith(b"{"):
-            return Parsed(*content.parse_strict(body))
+            return Parsed(*content.parse_strict(bytes(body)))
         try:
-            return self._parse(bytes(body), messages_key)  # (bytes: no copy; kept views must not change)
+            parsed = self._parse(body, messages_key, extends)
         except (_Fallback, ValueError, StopIteration, RecursionError, IndexError, UnicodeDecodeError):
-            return Parsed(*content.parse_strict(body))
+            return Parsed(*content.parse_strict(bytes(body)))
+        if parsed.prefix is not None:
+            parsed.prefix.uid = uid
+        return parsed
 
-    def _parse(self, body: bytes, key: str) -> Parsed:
+    def _parse(self, body: bytes | Spliced, key: str, extends: tuple[str, int] | None) -> Parsed:
         # The shared bytes are compared, not decoded: the text parsed is the earlier
         # request's head, its '[' and then only what follows its last message.
-        base = self._base(body)
+        base = self._extended(body, extends)
+        if base is None:
+            body = bytes(body)  # (bytes: no copy; kept views must not change)
+            base = self._base(body)
         if base is None:
             text = body.decode("utf-8")
+        elif isinstance(body, Spliced):
+            text = base.head + "[" + body.slice(len(base.raw)).decode("utf-8")
         else:
             text = base.head + "[" + body[len(base.raw):].decode("utf-8")
         obj: dict[str, Any] = {}
@@ -160,7 +183,9 @@ class Requests:
         else:
             j += 1
         if messages and isinstance(messages[-1], (dict, list, str)):  # ends on } ] or ": cannot run on
-            parsed.prefix = Prefix(memoryview(body)[:_byte_offset(body, text, end, base)], text[:i], messages)
+            cut = _byte_offset(body, text, end, base)
+            raw = body.head(cut) if isinstance(body, Spliced) else memoryview(body)[:cut]
+            parsed.prefix = Prefix(raw, text[:i], messages)
         return messages, j
 
     @staticmethod
@@ -173,11 +198,26 @@ class Requests:
             return None
         return kept[1], i + len(kept[0])
 
+    def _extended(self, body: bytes | Spliced, extends: tuple[str, int] | None) -> Prefix | None:
+        """The remembered request the journal says this one extends, if all of what was
+        parsed of it is within the bytes they share."""
+        if not extends:
+            return None
+        p = self._by_uid.get(extends[0])
+        if p is None or len(p.raw) > extends[1] or len(p.raw) >= len(body):
+            return None
+        return p
+
     def _base(self, body: bytes) -> Prefix | None:
         """The newest remembered request whose body this one starts with."""
         for p in reversed(self._kept.values()):
-            n = len(p.raw)
-            if len(body) > n and body.startswith(p.raw[-PROBE:], max(0, n - PROBE)) and body.startswith(p.raw):
+            raw, n = p.raw, len(p.raw)
+            if len(body) <= n:
+                continue
+            if isinstance(raw, Spliced):
+                if body.startswith(raw.slice(max(0, n - PROBE)), max(0, n - PROBE)) and raw.begins(body):
+                    return p
+            elif body.startswith(raw[-PROBE:], max(0, n - PROBE)) and body.startswith(raw):
                 return p
         return None
 
@@ -198,15 +238,23 @@ class Requests:
         if p is None:
             return
         if parsed.base is not None and self._kept.pop(id(parsed.base), None) is not None:
-            self._bytes -= len(parsed.base.raw.obj)
+            self._forget(parsed.base)
         self._kept[id(p)] = p
-        self._bytes += len(p.raw.obj)
+        if p.uid:
+            self._by_uid[p.uid] = p
+        self._bytes += p.weight
         while self._bytes > self.budget and self._kept:
             _, old = self._kept.popitem(last=False)
-            self._bytes -= len(old.raw.obj)
+            self._forget(old)
+
+    def _forget(self, p: Prefix) -> None:
+        self._bytes -= p.weight
+        if self._by_uid.get(p.uid) is p:
+            del self._by_uid[p.uid]
 
     def clear(self) -> None:
         self._kept.clear()
+        self._by_uid.clear()
         self._bytes = 0
 
 

@@ -22,30 +22,13 @@ import os
 import threading
 import time
 import uuid
-import zlib
 
 from ..capture import TurnRecord
 from ..live import LiveHub
 from ..workers import adopt_left_over_spools
 from .peers import Own
 from .process import MEMORY_BYTES, WriterProcess, env_number, journal_dir
-
-OPENING = 96  # bytes after the first "user" that tell conversations apart
-_USER = b'"user"'
-
-
-def conversation_key(body: bytes, hint: str | None = None) -> int:
-    """The same number for every turn of a conversation, as far as cheap looks tell
-    (a session named by the client, X-Tooltap-Session, is named by that)."""
-    if hint:
-        return zlib.crc32(hint.encode("utf-8", "surrogateescape"))
-    at = body.find(_USER)
-    if at < 0:
-        return 0
-    opening = body[at:at + OPENING]
-    end = opening.find(b"}")  # a short first message ends here; what follows it changes every turn
-    return zlib.crc32(opening[:end] if end > 0 else opening)
-
+from .resent import conversation_key
 
 def shard_spool(spool_path: str, index: int) -> str:
     """Writer 0 keeps the spool; each other has its own beside it (a spool has one reader)."""

@@ -330,8 +330,11 @@ class Writer:
                 batches.close()
                 self.spool.keep_from(offsets[len(records) - len(left)])
                 self._retry_after = time.monotonic() + RETRY_SECONDS
-                return
-        self.spool.done()
+                break
+        else:
+            self.spool.done()
+        if self.on_done is not None:  # the spool's count changed after its turns were announced
+            self.on_done([])
         if replayed:
             log.info("replayed %d spooled turn(s) into the database", replayed)
 

@@ -10,8 +10,10 @@ assemble, place, store, decode; then `_settle_memory`, as the writer process doe
 SQLite file. The turns are captured as the hot
 path captures them and written by a real `Journal` first (the proxy's part, not timed):
 `--sessions` sessions of the bench/writer.py template, one turn of each per round,
-bodies growing to ~1.3 MB at turn 200. Medians over `--runs` runs, per band of turn
-numbers: the journal's read, the batch, and the two together.
+bodies growing to ~1.3 MB at turn 200. Medians over `--runs` runs, per band of rounds:
+the journal's read, the batch, and the two together. `--restart 20` is the control:
+the same number of turns stored, the sessions started over every 20 turns, so what
+still grows from the first band to the last grows with the database, not the session.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from common import REPO, length_bands, table
 sys.path.insert(0, str(REPO))
 
 
-def one_run(sessions: int, turns: int) -> list[tuple[float, float]]:
-    """(ms of CPU reading, ms storing) per turn, for each turn number."""
+def one_run(sessions: int, turns: int, restart: int = 0) -> list[tuple[float, float]]:
+    """(ms of CPU reading, ms storing) per turn, for each round of turns. With `restart`,
+    every session starts over as a new one every `restart` turns."""
     from proxy import malloc
     from proxy.store.db import migrate
     from proxy.store.journal import Journal, JournalReader
@@ -46,12 +49,14 @@ def one_run(sessions: int, turns: int) -> list[tuple[float, float]]:
         journal.start()
         reader = JournalReader(journal.slot)
         events = chat_stream(RESPONSE_EVENTS, 200)
-        tpl = template(turns)
-        bodies = [bodies_of(tpl, 900_000 + k) for k in range(sessions)]
+        length = restart or turns
+        tpl = template(length)
         out = []
         for t in range(turns):
+            if t % length == 0:  # new sessions, each with its own task text
+                bodies = [bodies_of(tpl, 900_000 + 1000 * (t // length) + k) for k in range(sessions)]
             for b in bodies:
-                journal.submit(capture(b[t], answer(events, t)))
+                journal.submit(capture(b[t % length], answer(events, t % length)))
             journal.mark()
             start = time.thread_time()
             records = reader.read(1 << 40)
@@ -73,11 +78,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--turns", type=int, default=200)
+    ap.add_argument("--restart", type=int, default=0,
+                    help="a control: start the sessions over every N turns (the database grows "
+                         "as it does in a full run, no session passes N turns)")
     a = ap.parse_args()
     bands = length_bands(a.turns)
     runs = []
     for n in range(a.runs):
-        per_turn = one_run(a.sessions, a.turns)
+        per_turn = one_run(a.sessions, a.turns, a.restart)
         runs.append([[statistics.median(f(x) for x in per_turn[lo:hi]) for lo, hi in bands]
                      for f in (lambda x: x[0], lambda x: x[1], lambda x: x[0] + x[1])])
         print(f"run {n + 1}: read + store " + " / ".join(f"{v:.2f}" for v in runs[-1][2]) + " ms", flush=True)
@@ -87,7 +95,7 @@ def main() -> int:
         first = statistics.median(r[2][0] for r in runs)
         rows.append([f"{lo + 1}-{hi}", f"{read:.2f}", f"{store:.2f}", f"{both:.2f}", f"{both / first:.2f}x"])
     print()
-    print(table(rows, ["turns", "journal read", "batch", "writer CPU ms/turn", "vs the first band"]))
+    print(table(rows, ["rounds" if a.restart else "turns", "journal read", "batch", "writer CPU ms/turn", "vs the first band"]))
     print("(medians of runs of each band's median turn)")
     return 0
 

@@ -41,7 +41,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from common import REPO, cpu_seconds, machine, median, py_spy, table, write_results
+from common import REPO, machine, median, py_spy, table, thread_cpu_seconds, write_results
 
 sys.path.insert(0, str(REPO))
 TARGET = 500.0
@@ -102,7 +102,7 @@ class Run:
 
     def cpu(self) -> float:
         """CPU seconds of every writer process."""
-        return sum(cpu_seconds(p._process.pid) for p in self.processes)
+        return sum(thread_cpu_seconds(p._process.pid) for p in self.processes)
 
     def submit(self, record, ahead: int) -> None:
         while self.submitted - self.writer.written >= ahead:

@@ -27,6 +27,8 @@ OPENING = 96  # bytes after the first "user" that tell conversations apart
 _USER = b'"user"'
 MIN_SHARED = 16 << 10  # below this a body is journaled whole: a reference would save little
 BUDGET = 24 << 20  # bytes of bodies the proxy remembers, per journal
+WINDOW = 64 << 10  # the end of the shorter body, where two requests most often part
+SMALL = 16 << 10  # below this, bytes are compared in Python
 
 
 def conversation_key(body: bytes, hint: str | None = None) -> int:
@@ -59,31 +61,31 @@ _memcmp = _libc_memcmp()
 
 
 def shared_prefix(a: bytes, b: bytes) -> int:
-    """How many leading bytes `a` and `b` have in common. A megabyte that is not in the
-    caches any more takes 0.1-0.3 ms to compare; with libc's memcmp through ctypes the
-    proxy's event loop runs meanwhile."""
+    """How many leading bytes `a` and `b` have in common. Two requests of a conversation
+    most often part near the end of the shorter one (its messages end there, the new
+    ones begin), so that is looked at first: about one pass over the bytes, 0.1 ms a
+    megabyte here, 0.3 when the earlier body has left the caches. With libc's memcmp
+    through ctypes, the proxy's event loop runs meanwhile."""
     n = min(len(a), len(b))
-    if _memcmp is None or not (isinstance(a, bytes) and isinstance(b, bytes)):
-        return _shared_prefix_here(memoryview(a), memoryview(b), n)
-    pa = ctypes.cast(ctypes.c_char_p(a), ctypes.c_void_p).value  # no copy: the bytes' own buffer
-    pb = ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value
-    if _memcmp(pa, pb, n) == 0:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _memcmp(pa + lo, pb + lo, mid - lo) == 0:
-            lo = mid
+    fast = _memcmp is not None and isinstance(a, bytes) and isinstance(b, bytes)
+    if fast:
+        pa = ctypes.cast(ctypes.c_char_p(a), ctypes.c_void_p).value  # no copy: the bytes' own buffer
+        pb = ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value
+
+    def same(lo: int, hi: int) -> bool:
+        if fast and hi - lo >= SMALL:
+            return _memcmp(pa + lo, pb + lo, hi - lo) == 0
+        return a[lo:hi] == b[lo:hi]  # a few kilobytes copied cost less than a call through ctypes
+
+    lo, hi = 0, n + 1  # a[:lo] == b[:lo]; they differ within hi bytes (n + 1: not known to)
+    if n > WINDOW:
+        if same(0, n - WINDOW):
+            lo = n - WINDOW
         else:
-            hi = mid
-    return lo
-
-
-def _shared_prefix_here(a: memoryview, b: memoryview, n: int) -> int:
-    lo, hi = 0, n + 1
+            hi = n - WINDOW
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if bytes(a[lo:mid]) == bytes(b[lo:mid]):
+        if same(lo, mid):
             lo = mid
         else:
             hi = mid

@@ -4,6 +4,7 @@ shared bytes only, and parses only that."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pickle
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.capture import TurnRecord
-from proxy.store import content, resent
+from proxy.store import content, resent, spool
 from proxy.store import journal as journal_module
 from proxy.store.db import open_database
 from proxy.store.journal import JournalReader, frame_ends, segment_path, segments
@@ -149,14 +150,19 @@ def test_every_frame_stands_alone(tmp_path):
     assert [r.request_body for r in got] == bodies[-len(got):] and 0 < len(got) < 10
 
 
-def test_a_frame_torn_past_the_shared_bytes_is_not_taken(tmp_path):
+@pytest.mark.parametrize("damage", ["raw", "lengths"])
+def test_a_frame_damaged_past_the_shared_bytes_is_not_taken(tmp_path, damage):
     bodies = conversation(4)
     journal = _write(tmp_path / "j", [record(i, b) for i, b in enumerate(bodies)], segment_bytes=8 << 20)
     (number,) = [n for n in segments(journal.slot) if frame_ends(segment_path(journal.slot, n))]
     path = segment_path(journal.slot, number)
     ends = frame_ends(path)
     data = bytearray(Path(path).read_bytes())
-    data[ends[2] - 40] ^= 0xFF  # in the third turn's raw response: never read whole
+    if damage == "raw":
+        data[ends[2] - 40] ^= 0xFF  # in the third turn's raw response: never read whole
+    else:  # a byte of its raw response counted as its body's: the lengths still add up
+        body_len, raw_len = struct.unpack_from("<IQ", data, ends[1] + 12)
+        struct.pack_into("<IQ", data, ends[1] + 12, body_len + 1, raw_len - 1)
     Path(path).write_bytes(bytes(data))
     reader = JournalReader(journal.slot)  # the proxy may still be writing it: wait
     assert [r.request_body for r in reader.read(64 << 20)] == bodies[:2]
@@ -179,6 +185,31 @@ def test_frames_of_the_earlier_format_are_read(tmp_path):
     (slot / f"{1:020d}.seg").write_bytes(frames + bytes(64))
     got = _read_all(str(slot))
     assert [r.request_body for r in got] == conversation(3) and [r.uid for r in got] == [f"{i:032x}" for i in range(3)]
+
+
+def test_what_a_reader_remembers_is_bounded_by_what_it_keeps_alive():
+    bodies = journal_module._Bodies(budget=1 << 20)
+    tail = b"x" * 50_000  # sent after the messages on every turn (tools, a system prompt)
+    for conversation_number in range(40):
+        body, last = bytes(60_000) + tail, None
+        for turn in range(10):
+            uid = f"{conversation_number}-{turn}"
+            bodies.keep(uid, body, last)
+            body, last = Spliced(body, 60_000 + 4000 * turn, b"y" * 4000 + tail), uid
+    kept = list(bodies._kept.values())
+    assert bodies._bytes == sum(journal_module._held(b) for b in kept) <= 1 << 20
+    assert all(journal_module._held(b) <= 2 * len(b) for b in kept)  # joined before a chain outweighs it
+    assert len(kept) == len({k.split("-")[0] for k in bodies._kept})  # one per conversation: the last
+
+
+def test_a_spooled_turn_does_not_carry_the_journals_hint(tmp_path):
+    bodies = conversation(2)
+    journal = _write(tmp_path / "j", [record(i, b) for i, b in enumerate(bodies)], segment_bytes=8 << 20)
+    second = _read_all(journal.slot)[1]
+    assert second.extends
+    line = json.loads(spool.encode(second))
+    assert "extends" not in line and base64.b64decode(line["request_body"]) == bodies[1]
+    assert spool.decode(json.dumps(line)).request_body == bodies[1]
 
 
 # -- the writer ---------------------------------------------------------------------------

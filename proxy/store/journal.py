@@ -59,11 +59,11 @@ HAND_OVER_BYTES = 64 << 20  # at shutdown, a backlog up to this size moves to th
 _LEN = struct.Struct("<Q")  # a frame: its payload's length, the payload, its crc32
 _CRC = struct.Struct("<I")
 _OVERHEAD = _LEN.size + _CRC.size
-# The payload starts with: the header's, the request body's and the raw response's lengths;
-# the CRC-32 of the header, and of the body past what it shares with its base and the raw
-# response (0 without a base).
+_LENGTHS = struct.Struct("<IIQ")  # the header's, the request body's and the raw response's
+# The payload starts with the lengths; the CRC-32 of them and the header; and that of the
+# body past what it shares with its base, then the raw response (0 without a base).
 _PARTS = struct.Struct("<IIQII")
-_PARTS_V1 = struct.Struct("<IIQ")  # frames written before 2026-12-01: read, no longer written
+_PARTS_V1 = _LENGTHS  # frames written before 2026-12-01 start with the lengths alone: read, not written
 _SEG = ".seg"
 _SPARE = "next.spare"
 _FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord) if f.name not in ("request_body", "raw", "seq"))
@@ -155,7 +155,9 @@ class Frame:
         tail_crc = 0
         if base is not None:
             tail_crc = zlib_ng.crc32(self.raw, zlib_ng.crc32(memoryview(body)[base.shared:]))
-        parts = _PARTS.pack(len(header), len(body), raw_len, zlib_ng.crc32(header), tail_crc)
+        lengths = (len(header), len(body), raw_len)
+        header_crc = zlib_ng.crc32(header, zlib_ng.crc32(_LENGTHS.pack(*lengths)))
+        parts = _PARTS.pack(*lengths, header_crc, tail_crc)
         # The body stays a part of its own (a megabyte at 200 turns: not copied to join it).
         self.head = [parts + header, body]
         self.head_len = sum(map(len, self.head))
@@ -230,9 +232,11 @@ def _read_parts(fd: int, at: int, lengths, before: bytes) -> tuple | None:
 
 
 class _Bodies:
-    """The request bodies a reader read last, by turn uid, up to `budget` bytes: a frame
-    whose body extends one of them is read past what they share only. A chain of spliced
-    bodies is joined into bytes every `FLATTEN` links, so none grows long."""
+    """The request bodies a reader read last, by turn uid, up to `budget` bytes of what
+    they keep alive: a frame whose body extends one of them is read past what they share
+    only. A body replaces the one it extends (a conversation needs its last one). A
+    spliced body is joined into bytes after `FLATTEN` links, or once its chain keeps twice
+    its own size alive, so none grows long or heavy."""
 
     FLATTEN = 32
 
@@ -244,16 +248,22 @@ class _Bodies:
     def get(self, uid: str) -> bytes | Spliced | None:
         return self._kept.get(uid)
 
-    def keep(self, uid: str, body: bytes | Spliced) -> None:
-        if isinstance(body, Spliced) and body.depth >= self.FLATTEN:
+    def keep(self, uid: str, body: bytes | Spliced, extends: str | None = None) -> None:
+        if isinstance(body, Spliced) and (body.depth >= self.FLATTEN or body.held > 2 * len(body)):
             body = bytes(body)
-        if len(body) > self.budget or uid in self._kept:
+        if extends is not None and (gone := self._kept.pop(extends, None)) is not None:
+            self._bytes -= _held(gone)
+        if _held(body) > self.budget or uid in self._kept:
             return
         self._kept[uid] = body
-        self._bytes += len(body)
+        self._bytes += _held(body)
         while self._bytes > self.budget:
             _, gone = self._kept.popitem(last=False)
-            self._bytes -= len(gone)
+            self._bytes -= _held(gone)
+
+
+def _held(body: bytes | Spliced) -> int:
+    return body.held if isinstance(body, Spliced) else len(body)
 
 
 # -- slots -------------------------------------------------------------------------------
@@ -680,7 +690,7 @@ class JournalReader:
                 except (ValueError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as exc:
                     log.error("journal: skipped an unreadable turn in %s (%s)", self._path(), exc)
                     continue
-                self._bodies.keep(entry.uid, entry.body())
+                self._bodies.keep(entry.uid, entry.body(), entry.extends and entry.extends[0])
                 number, end = self._pos
                 item = [entry.uid, number, end - n - _OVERHEAD, n, False]
                 self._out.append(item)
@@ -748,7 +758,8 @@ class JournalReader:
                   raw_len: int, header_crc: int, tail_crc: int):
         at = offset + _LEN.size + _PARTS.size
         header = os.pread(fd, header_len, at)
-        if len(header) != header_len or zlib_ng.crc32(header) != header_crc:
+        lengths = _LENGTHS.pack(header_len, body_len, raw_len)
+        if len(header) != header_len or zlib_ng.crc32(header, zlib_ng.crc32(lengths)) != header_crc:
             return None
         try:
             values = decode_header(header)

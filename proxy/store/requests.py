@@ -67,8 +67,8 @@ class Prefix:
 
     @property
     def weight(self) -> int:
-        """Bytes it holds: its whole body (a spliced one's, as if it were bytes)."""
-        return len(self.raw) if isinstance(self.raw, Spliced) else len(self.raw.obj)
+        """Bytes it keeps alive: its whole body (a spliced one's whole chain)."""
+        return self.raw.held if isinstance(self.raw, Spliced) else len(self.raw.obj)
 
 
 @dataclass

@@ -120,7 +120,8 @@ class Recent:
         if kept is None:
             return None
         shared = shared_prefix(body, kept[0])
-        return Base(kept[1], shared) if shared >= MIN_SHARED else None
+        # Most of it: a body spliced over one it shares little with would keep that one alive.
+        return Base(kept[1], shared) if shared >= max(MIN_SHARED, len(kept[0]) // 2) else None
 
     def wrote(self, body: bytes, hint: str | None, uid: str) -> None:
         if len(body) < MIN_SHARED or len(body) > self.budget:
@@ -141,15 +142,19 @@ class Recent:
 
 class Spliced:
     """The bytes `base[:shared] + rest`, without copying `base`. A base may be spliced
-    itself (`depth` links down to bytes); `bytes()` copies each byte of the chain once."""
+    itself (`depth` links down to bytes); `bytes()` copies each byte of the chain once.
+    `held` is what the chain keeps alive: every base whole, every rest whole (a view
+    keeps all of what it views)."""
 
-    __slots__ = ("base", "shared", "rest", "depth", "_len")
+    __slots__ = ("base", "shared", "rest", "depth", "held", "_len")
 
     def __init__(self, base: bytes | Spliced, shared: int, rest: bytes) -> None:
         if shared > len(base):
             raise ValueError(f"a spliced body shares {shared} bytes of a {len(base)}-byte one")
         self.base, self.shared, self.rest = base, shared, rest
         self.depth = base.depth + 1 if isinstance(base, Spliced) else 1
+        own = len(rest.obj) if isinstance(rest, memoryview) else len(rest)
+        self.held = (base.held if isinstance(base, Spliced) else len(base)) + own
         self._len = shared + len(rest)
 
     def __len__(self) -> int:

@@ -24,6 +24,7 @@ _BYTES = ("request_body", "raw")
 
 def encode(record: TurnRecord) -> str:
     data = dataclasses.asdict(dataclasses.replace(record, raw=b"", seq=0))  # a receipt is per run
+    data.pop("extends", None)  # the journal's hint, good for one writer's memory only
     data["request_body"] = base64.b64encode(record.request_body).decode()
     data["raw"] = base64.b64encode(record.raw_bytes()).decode()
     return json.dumps(data)  # ASCII: one line per turn, whatever the text holds

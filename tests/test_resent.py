@@ -8,11 +8,14 @@ import base64
 import json
 import os
 import pickle
+import signal
 import sqlite3
 import struct
+import time
 import zlib
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +29,7 @@ from proxy.store.read import Reader
 from proxy.store.requests import Requests
 from proxy.store.resent import Spliced, shared_prefix
 from proxy.store.writer import Writer
-from tests.test_journal import _read_all, _write
+from tests.test_journal import _read_all, _write, alive, reply, serve  # noqa: F401 (serve: a fixture)
 
 SYSTEM = "You are a careful agent. " * 1200  # 30 KB, as Cline's system prompt
 
@@ -251,3 +254,42 @@ def test_a_journaled_conversation_is_stored_as_sent(tmp_path):
     with sqlite3.connect(tmp_path / "w.db") as conn:
         sizes = [n for (n,) in conn.execute("select request_size from turns order by id")]
     assert sizes == [len(b) for b in bodies]
+
+
+def test_a_growing_session_left_in_the_journal_by_a_kill_is_stored_as_sent(tmp_path, upstream, serve):
+    """The writer stopped, an agent's session goes on (its turns wait in the journal,
+    each naming the one it extends), tooltap is killed; the next start stores every turn
+    as it was sent, threaded as one session."""
+    upstream.routes["/chat/completions"] = reply()
+    db = tmp_path / "g.db"
+    first = serve(db)
+    bodies = conversation(30, task="make the tests pass")
+    with httpx.Client() as client:
+        for i, body in enumerate(bodies):
+            if i == 5:
+                first.wait_stored(5)
+                writer = first.health()["writer"]["pid"]
+                os.kill(writer, signal.SIGSTOP)  # what follows reaches the journal only
+            r = client.post(f"{first.url}/chat/completions?n={i}", content=body,
+                            headers={"content-type": "application/json"}, timeout=10)
+            assert r.status_code == 200
+    time.sleep(0.5)  # past the journal's fsync interval
+    first.proc.kill()
+    first.proc.wait(5)
+    os.kill(writer, signal.SIGCONT)
+    deadline = time.monotonic() + 8
+    while alive(writer):  # the orphaned writer goes
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    second = serve(db)
+    second.wait_stored(30)
+    second.stop()
+    reader = Reader(open_database(f"sqlite:///{db}", create=False))
+    turns = sorted(reader.turns(limit=100), key=lambda t: t["id"])
+    assert [int(t["path"].rsplit("n=", 1)[1]) for t in turns] == list(range(30))
+    assert len({t["session_id"] for t in turns}) == 1
+    assert [t["parent_id"] for t in turns[1:]] == [t["id"] for t in turns[:-1]]
+    for t, body in zip(turns, bodies):
+        full = reader.turn(t["id"])
+        assert full["request"] == json.loads(body) and not full["error"]

@@ -12,10 +12,10 @@ of a turn). The value is exactly what `content.parse_strict` returns (a body thi
 does not understand goes to it whole), and the decoders, handed the same message
 objects, can reuse their work too.
 
-A body the journal wrote as "the first N bytes of turn X, then these" (resent.py)
-comes as a `Spliced`, with X's id and N: when X's prefix is remembered and within those
-N bytes, it is the base without a comparison (the proxy compared), and only the bytes
-after it are joined and decoded.
+A body whose journal frame says "its first N bytes are turn X's" (resent.py) comes as a
+`Spliced`, with X's id and N: when X's prefix is remembered and within those N bytes, it
+is the base without a comparison (the proxy compared), and only the bytes after it are
+joined and decoded.
 
 Memory: the prefixes kept are bounded by `budget` bytes (plus the parsed
 messages, shared with the turns in the writer's caches).

@@ -1,5 +1,5 @@
-"""A resent history, journaled once: a request body as the part it shares with an
-earlier request of its conversation and the bytes that follow.
+"""A resent history, read once: a request body as the part it shares with an earlier
+request of its conversation and the bytes that follow.
 
 An agent sends its whole history on every turn: at turn 200 a Cline request is 1.2 MB,
 of which the last turn added a few kilobytes. The journal (journal.py) still writes

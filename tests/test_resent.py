@@ -29,7 +29,8 @@ from proxy.store.read import Reader
 from proxy.store.requests import Requests
 from proxy.store.resent import Spliced, shared_prefix
 from proxy.store.writer import Writer
-from tests.test_journal import _read_all, _write, alive, reply, serve  # noqa: F401 (serve: a fixture)
+from tests.conftest import locked_sqlite
+from tests.test_journal import _read_all, _write, alive, reply, serve, stored  # noqa: F401 (serve: a fixture)
 
 SYSTEM = "You are a careful agent. " * 1200  # 30 KB, as Cline's system prompt
 
@@ -256,24 +257,40 @@ def test_a_journaled_conversation_is_stored_as_sent(tmp_path):
     assert sizes == [len(b) for b in bodies]
 
 
+def play_behind_a_stopped_writer(s, bodies: list[bytes]) -> int:
+    """The first five turns stored; the writer process stopped (SIGSTOP) for the rest, which
+    reach the journal only, each naming the one it extends. Returns the writer's pid."""
+    with httpx.Client() as client:
+        for i, body in enumerate(bodies):
+            if i == 5:
+                s.wait_stored(5)
+                writer = s.health()["writer"]["pid"]
+                os.kill(writer, signal.SIGSTOP)
+            r = client.post(f"{s.url}/chat/completions?n={i}", content=body,
+                            headers={"content-type": "application/json"}, timeout=10)
+            assert r.status_code == 200
+    time.sleep(0.5)  # past the journal's fsync interval
+    return writer
+
+
+def assert_stored_as_sent(db: Path, bodies: list[bytes]) -> None:
+    """Every turn, in order, its request as sent, threaded as one session."""
+    reader = Reader(open_database(f"sqlite:///{db}", create=False))
+    turns = sorted(reader.turns(limit=1000), key=lambda t: t["id"])
+    assert [int(t["path"].rsplit("n=", 1)[1]) for t in turns] == list(range(len(bodies)))
+    assert len({t["session_id"] for t in turns}) == 1
+    assert [t["parent_id"] for t in turns[1:]] == [t["id"] for t in turns[:-1]]
+    for t, body in zip(turns, bodies):
+        full = reader.turn(t["id"])
+        assert full["request"] == json.loads(body) and not full["error"]
+
+
 def test_a_growing_session_left_in_the_journal_by_a_kill_is_stored_as_sent(tmp_path, upstream, serve):
-    """The writer stopped, an agent's session goes on (its turns wait in the journal,
-    each naming the one it extends), tooltap is killed; the next start stores every turn
-    as it was sent, threaded as one session."""
     upstream.routes["/chat/completions"] = reply()
     db = tmp_path / "g.db"
     first = serve(db)
     bodies = conversation(30, task="make the tests pass")
-    with httpx.Client() as client:
-        for i, body in enumerate(bodies):
-            if i == 5:
-                first.wait_stored(5)
-                writer = first.health()["writer"]["pid"]
-                os.kill(writer, signal.SIGSTOP)  # what follows reaches the journal only
-            r = client.post(f"{first.url}/chat/completions?n={i}", content=body,
-                            headers={"content-type": "application/json"}, timeout=10)
-            assert r.status_code == 200
-    time.sleep(0.5)  # past the journal's fsync interval
+    writer = play_behind_a_stopped_writer(first, bodies)
     first.proc.kill()
     first.proc.wait(5)
     os.kill(writer, signal.SIGCONT)
@@ -282,14 +299,26 @@ def test_a_growing_session_left_in_the_journal_by_a_kill_is_stored_as_sent(tmp_p
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
-    second = serve(db)
+    second = serve(db)  # reads the journal from its start: the first bodies whole
     second.wait_stored(30)
     second.stop()
-    reader = Reader(open_database(f"sqlite:///{db}", create=False))
-    turns = sorted(reader.turns(limit=100), key=lambda t: t["id"])
-    assert [int(t["path"].rsplit("n=", 1)[1]) for t in turns] == list(range(30))
-    assert len({t["session_id"] for t in turns}) == 1
-    assert [t["parent_id"] for t in turns[1:]] == [t["id"] for t in turns[:-1]]
-    for t, body in zip(turns, bodies):
-        full = reader.turn(t["id"])
-        assert full["request"] == json.loads(body) and not full["error"]
+    assert_stored_as_sent(db, bodies)
+
+
+def test_a_growing_session_handed_to_the_spool_at_a_stop_is_stored_as_sent(tmp_path, upstream, serve):
+    """A stop while the database is locked: the turns the writer could not store go to the
+    spool whole (the hand-over reads the journal from the oldest unstored turn)."""
+    upstream.routes["/chat/completions"] = reply()
+    db = tmp_path / "h.db"
+    first = serve(db, args=("--shutdown-grace", "3"))
+    bodies = conversation(20, task="rename the module")
+    writer = play_behind_a_stopped_writer(first, bodies)
+    with locked_sqlite(db):
+        os.kill(writer, signal.SIGCONT)
+        assert first.stop() == 0
+        assert stored(db)[0] == 5
+    assert "spooled 15 turn(s) the writer did not confirm" in first.log() and "Traceback" not in first.log()
+    second = serve(db)
+    second.wait_stored(20)
+    second.stop()
+    assert_stored_as_sent(db, bodies)

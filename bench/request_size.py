@@ -32,7 +32,6 @@ from upstream import chat_stream
 from writer import bodies_of
 
 
-
 async def play(ports: dict[str, int], sessions: list[list[bytes]], expect: int) -> dict[str, list[list[float]]]:
     """{path: [[ttfb, total] per request]} in the order played: turn by turn, session by session."""
     conns = {name: await Conn("127.0.0.1", port).open() for name, port in ports.items()}

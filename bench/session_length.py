@@ -2,13 +2,13 @@
 
     python bench/session_length.py [--runs 5] [--sessions 10] [--turns 200]
 
-bench/writer.py measures the whole writer (journal, process, batches) by /proc's 10 ms
-ticks, which at 10 turns a round is a resolution of 1 ms a turn on a noisy machine.
-This one times, with time.thread_time, what the writer process does with a turn: read
-it from the journal (`JournalReader.read`) and store it (`Writer._commit`: parse,
-assemble, place, store, decode; then `_settle_memory`, as the writer process does), on a
-SQLite file. The turns are captured as the hot
-path captures them and written by a real `Journal` first (the proxy's part, not timed):
+bench/writer.py measures the whole writer (journal, process, batches) from outside, the
+bench itself sharing the machine with it. This one times, with time.thread_time, what
+the writer process does with a turn: read it from the journal (`JournalReader.read`)
+and store it (`Writer._commit`: parse, assemble, place, store, decode; then
+`_settle_memory`, as the writer process does), on a SQLite file. The turns are captured
+as the hot path captures them and written by a real `Journal` first (the proxy's part,
+not timed):
 `--sessions` sessions of the bench/writer.py template, one turn of each per round,
 bodies growing to ~1.3 MB at turn 200. Medians over `--runs` runs, per band of rounds:
 the journal's read, the batch, and the two together. `--restart 20` is the control:
@@ -28,6 +28,7 @@ from pathlib import Path
 from common import REPO, length_bands, table
 
 sys.path.insert(0, str(REPO))
+PARTS = (lambda t: t[0], lambda t: t[1], lambda t: t[0] + t[1])  # of a turn's (read, store) ms
 
 
 def one_run(sessions: int, turns: int, restart: int = 0) -> list[tuple[float, float]]:
@@ -86,16 +87,16 @@ def main() -> int:
     runs = []
     for n in range(a.runs):
         per_turn = one_run(a.sessions, a.turns, a.restart)
-        runs.append([[statistics.median(f(x) for x in per_turn[lo:hi]) for lo, hi in bands]
-                     for f in (lambda x: x[0], lambda x: x[1], lambda x: x[0] + x[1])])
-        print(f"run {n + 1}: read + store " + " / ".join(f"{v:.2f}" for v in runs[-1][2]) + " ms", flush=True)
-    rows = []
-    for i, (lo, hi) in enumerate(bands):
-        read, store, both = (statistics.median(r[k][i] for r in runs) for k in range(3))
-        first = statistics.median(r[2][0] for r in runs)
-        rows.append([f"{lo + 1}-{hi}", f"{read:.2f}", f"{store:.2f}", f"{both:.2f}", f"{both / first:.2f}x"])
+        # Per band: the median turn's read, store, and the two together.
+        runs.append([[statistics.median(part(x) for x in per_turn[lo:hi]) for part in PARTS] for lo, hi in bands])
+        print(f"run {n + 1}: read + store " + " / ".join(f"{band[2]:.2f}" for band in runs[-1]) + " ms", flush=True)
+    medians = [[statistics.median(r[i][k] for r in runs) for k in range(len(PARTS))] for i in range(len(bands))]
+    first = medians[0][2]
+    rows = [[f"{lo + 1}-{hi}", *(f"{v:.2f}" for v in band), f"{band[2] / first:.2f}x"]
+            for (lo, hi), band in zip(bands, medians)]
     print()
-    print(table(rows, ["rounds" if a.restart else "turns", "journal read", "batch", "writer CPU ms/turn", "vs the first band"]))
+    print(table(rows, ["rounds" if a.restart else "turns", "journal read", "batch", "writer CPU ms/turn",
+                       "vs the first band"]))
     print("(medians of runs of each band's median turn)")
     return 0
 

@@ -189,6 +189,15 @@ def decode_header(header: bytes) -> dict:
     return _PlainValues(io.BytesIO(header)).load()
 
 
+def _values(header: bytes) -> dict | Exception:
+    """A frame's header decoded, or why it cannot be."""
+    try:
+        values = decode_header(header)
+    except (ValueError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as exc:
+        return exc
+    return values if isinstance(values, dict) else TypeError(f"its header holds a {type(values).__name__}")
+
+
 def journaled_turn(values: dict, body: bytes | Spliced, raw: bytes) -> JournaledTurn:
     known = {k: v for k, v in values.items() if k in _FIELDS or k == "uid"}
     turn = JournaledTurn(**known, request_body=body, raw=raw)
@@ -684,9 +693,11 @@ class JournalReader:
                 frame = self._next_frame()
                 if frame is None:
                     break
-                n, header, body, raw = frame
+                n, values, body, raw = frame
                 try:
-                    entry = journaled_turn(header if isinstance(header, dict) else decode_header(header), body, raw)
+                    if isinstance(values, Exception):
+                        raise values
+                    entry = journaled_turn(values, body, raw)
                 except (ValueError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as exc:
                     log.error("journal: skipped an unreadable turn in %s (%s)", self._path(), exc)
                     continue
@@ -734,11 +745,11 @@ class JournalReader:
     def _path(self) -> str:
         return segment_path(self.slot, self._pos[0])
 
-    def _frame_at(self, fd: int, offset: int) -> tuple[int, bytes | dict, bytes | Spliced, bytes] | None:
-        """The complete frame at `offset`: its payload's length, its header (bytes, or
-        decoded when it was needed to read the frame), request body and raw response;
-        None if there is none (yet), or it is torn. A body that extends one remembered
-        comes as a `Spliced` over it: the bytes they share are not read."""
+    def _frame_at(self, fd: int, offset: int) -> tuple[int, dict | Exception, bytes | Spliced, bytes] | None:
+        """The complete frame at `offset`: its payload's length, its header's values (or
+        why they cannot be read), request body and raw response; None if there is none
+        (yet), or it is torn. A body that extends one remembered comes as a `Spliced` over
+        it: the bytes they share are not read."""
         head = os.pread(fd, _LEN.size + _PARTS.size, offset)
         n = _LEN.unpack_from(head)[0] if len(head) >= _LEN.size + _PARTS_V1.size else 0
         if not n:
@@ -752,7 +763,7 @@ class JournalReader:
             return None
         at = _LEN.size + _PARTS_V1.size
         parts = _read_parts(fd, offset + at, lengths, head[_LEN.size:at])
-        return (n, *parts) if parts else None
+        return (n, _values(parts[0]), *parts[1:]) if parts else None
 
     def _frame_v2(self, fd: int, offset: int, n: int, parts: bytes, header_len: int, body_len: int,
                   raw_len: int, header_crc: int, tail_crc: int):
@@ -761,11 +772,9 @@ class JournalReader:
         lengths = _LENGTHS.pack(header_len, body_len, raw_len)
         if len(header) != header_len or zlib_ng.crc32(header, zlib_ng.crc32(lengths)) != header_crc:
             return None
-        try:
-            values = decode_header(header)
-            uid, shared = values["base"] if "base" in values else ("", 0)
-        except (ValueError, TypeError, KeyError, pickle.UnpicklingError, EOFError):
-            values, shared = header, 0  # read whole; what is wrong with it is told by the caller
+        values = _values(header)
+        named = values.get("base") if isinstance(values, dict) else None
+        uid, shared = named if isinstance(named, tuple) and len(named) == 2 else ("", 0)
         base = self._bodies.get(uid) if shared else None
         if base is not None and shared <= min(len(base), body_len):
             at += header_len + shared
@@ -777,7 +786,7 @@ class JournalReader:
         whole = _read_parts(fd, at + header_len, (body_len, raw_len), parts + header)
         return (n, values, *whole) if whole else None
 
-    def _next_frame(self) -> tuple[int, bytes | dict, bytes | Spliced, bytes] | None:
+    def _next_frame(self) -> tuple[int, dict | Exception, bytes | Spliced, bytes] | None:
         """The next complete frame (see `_frame_at`)."""
         while True:
             if self._file is None and not self._open_current():

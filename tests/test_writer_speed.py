@@ -243,6 +243,41 @@ def test_three_writers_storing_turns_in_any_order_store_what_one_does(database, 
     assert snapshot(engine) == in_order(database, [tool_session(s) for s in range(4)])
 
 
+def test_sqlite_writes_a_batch_of_tool_calls_in_one_statement_as_executemany_does(tmp_path, monkeypatch):
+    """On SQLite a batch's tool calls go in by one INSERT, and their decodings by one
+    UPDATE, unpacked from JSON (store/one_statement.py: a statement per call made FTS5
+    flush the search index at each). They store the very text executemany stores (SQL
+    NULL for nothing, a JSON column's text, escapes and non-ASCII as they were), in the
+    same order, and the search index holds the same words."""
+    from proxy.store import one_statement
+
+    sessions = [tool_session(s) for s in range(3)]
+    for t in sessions[0]:  # arguments and results with escapes and non-ASCII in them
+        t.request_body = t.request_body.replace(b"contents of", "contenu de \u00e9t\u00e9 \\n".encode())
+        t.raw = t.raw.replace(b'\\"f', b'\\"caf\\u00e9/f')
+        t.raw_size = len(t.raw)
+    stored = {}
+    for at_once in (True, False):
+        monkeypatch.setattr(one_statement, "AVAILABLE", at_once)
+        store = Store(make_engine(f"sqlite:///{tmp_path / f'{at_once}.db'}"))
+        migrate(store.engine)
+        statements = [store.batch([turns[n] for turns in sessions]) for n in range(len(sessions[0]))]
+        with store.engine.connect() as c:
+            rows = c.execute(text("SELECT *, typeof(task_progress) FROM tool_calls ORDER BY id")).all()
+            words = {(table, w): c.execute(text(f"SELECT group_concat(rowid) FROM {table} WHERE {table} MATCH :w"),
+                                           {"w": w}).scalar()
+                     for table in ("search_tool_args", "search_tool_results")
+                     for w in ("contents", "f3", "été", "café", "status")}
+        store.engine.dispose()
+        stored[at_once] = rows, words, statements
+    (rows, words, statements), each = stored[True], stored[False]
+    assert (rows, words, statements) == each  # an executemany is one statement too: no more, no fewer
+    assert len(rows) == 24 and all(r.result for r in rows) and {r[-1] for r in rows} == {"null"}
+    assert "été" in "".join(r.result for r in rows) and "café/f3.py" in "".join(r.arguments_raw for r in rows)
+    assert all(words[t, w] for t, w in [("search_tool_args", "café"), ("search_tool_args", "f3"),
+                                         ("search_tool_results", "été"), ("search_tool_results", "contents")])
+
+
 def test_a_request_that_extends_an_earlier_one_parses_to_the_same_value():
     requests = Requests()
     reused, before = [], []
@@ -284,3 +319,36 @@ def test_a_request_that_extends_an_earlier_one_parses_to_the_same_value():
     requests.keep(requests.parse(first, "messages"))
     parsed = requests.parse(edited, "messages")
     assert parsed.reused == 0 and parsed.value == json.loads(edited)
+
+
+def test_a_request_is_looked_for_among_its_own_conversations_requests(monkeypatch):
+    """The writer remembers thousands of short conversations (one-shot requests, sub-agents,
+    bench/overhead.py's); a request is compared with its own conversation's only, and
+    still found when it is the oldest remembered."""
+    from proxy.store import requests as requests_module
+
+    compared = []
+    real_base = Requests._base
+
+    def counting_base(self, body, conversation):
+        compared.append(len(self._of.get(conversation, ())))
+        return real_base(self, body, conversation)
+
+    monkeypatch.setattr(Requests, "_base", counting_base)
+    requests = Requests()
+    system = {"role": "system", "content": "You are a careful coding agent. " * 40}
+    first = {}
+    for k in range(2000):
+        messages = [system, {"role": "user", "content": f"one-shot question {k}"}]
+        body = json.dumps({"model": "m", "messages": messages}).encode()
+        parsed = requests.parse(body, "messages")
+        assert parsed.reused == 0
+        requests.keep(parsed)
+        first[k] = messages
+    assert max(compared) <= 1  # each new conversation looked at none but its own (none)
+    messages = first[0] + [{"role": "assistant", "content": "Yes."}, {"role": "user", "content": "And?"}]
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    parsed = requests.parse(body, "messages")
+    assert parsed.reused == 2 and parsed.value == json.loads(body)
+    assert compared[-1] == 1
+    assert requests_module.conversation_key(body) == parsed.base.key

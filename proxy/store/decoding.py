@@ -20,6 +20,7 @@ from ..agents import CallInput, TurnInput, decode_session, transcript
 from . import content
 from .ingest import Ingested
 from .models import Blob, Session, ToolCallRow, Turn
+from .one_statement import OneStatement
 from .read import rebuild_request
 
 log = logging.getLogger("tooltap.store")
@@ -130,16 +131,17 @@ _SESSION_STATE = (sa_select(_S.c.id, _S.c.agent, _S.c.uids, _S.c.turns)
 _FIRST_CHILDREN = (sa_select(_T.c.parent_id, func.min(_T.c.id))
                    .where(_T.c.parent_id.in_(bindparam("ids", expanding=True))).group_by(_T.c.parent_id))
 _SET_TURN = update(_T).where(_T.c.id == bindparam("b_id")).values(decoding=bindparam("b_decoding"))
-_SET_CALL = (update(_C).where(_C.c.turn_id == bindparam("b_turn"), _C.c["index"] == bindparam("b_index"))
+_SET_CALL = (update(_C).where(_C.c.turn_id == bindparam("b_turn_id"), _C.c["index"] == bindparam("b_index"))
              .values(decoded=bindparam("b_decoded"), task_progress=bindparam("b_task_progress"),
                      result=bindparam("b_result"), violations=bindparam("b_violations")))
 _SET_SESSION = update(_S).where(_S.c.id == bindparam("b_id")).values(agent=bindparam("b_agent"),
                                                                      uids=bindparam("b_uids"))
 _OUTPUTS = ("decoded", "task_progress", "result", "violations")
+_SET_CALLS = OneStatement(_C, list(_OUTPUTS), key=("turn_id", "index"))  # SQLite: the search index's sake
 
 
 class _Changes:
-    """What a batch's decoding changes, written at the end in three executemany statements."""
+    """What a batch's decoding changes, written at the end in three statements."""
 
     def __init__(self, sessions: dict[str, list]) -> None:
         self.sessions = sessions  # id -> [agent, uids], as they will be stored
@@ -150,9 +152,9 @@ class _Changes:
     def write(self, conn) -> None:
         if self.turns:
             conn.execute(_SET_TURN, [{"b_id": k, "b_decoding": v} for k, v in self.turns.items()])
-        if self.calls:
-            conn.execute(_SET_CALL, [{"b_turn": t, "b_index": i, **{f"b_{n}": v for n, v in zip(_OUTPUTS, out)}}
-                                     for (t, i), out in self.calls.items()])
+        calls = [{"turn_id": t, "index": i, **dict(zip(_OUTPUTS, out))} for (t, i), out in self.calls.items()]
+        if calls and not _SET_CALLS.run(conn, calls):
+            conn.execute(_SET_CALL, [{f"b_{k}": v for k, v in row.items()} for row in calls])
         if self.touched:
             conn.execute(_SET_SESSION, [{"b_id": sid, "b_agent": self.sessions[sid][0],
                                          "b_uids": self.sessions[sid][1]} for sid in sorted(self.touched)])

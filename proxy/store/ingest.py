@@ -34,6 +34,7 @@ from ..capture import TurnRecord, assemble, decompress
 from . import content, search
 from .db import PRUNE_LOCK
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
+from .one_statement import OneStatement
 from .readable import reply_text
 from .requests import Parsed, Prefix, Requests
 from .sessions import OTHER_PREFIX, OTHER_TITLE, Placer, adoptable, chain_root, lock_key, session_key
@@ -111,6 +112,7 @@ class Ingestor:
         self._turn_ids = (text("SELECT id, uid FROM turns WHERE uid = ANY(:uids)") if dialect == "postgresql" else
                           select(_TURNS.c.id, _TURNS.c.uid).where(_TURNS.c.uid.in_(bindparam("uids", expanding=True))))
         self._call_stmt = self._insert(_CALLS)
+        self._calls_at_once = OneStatement(_CALLS, list(_CALL_DEFAULTS))  # SQLite: for the search index
         self._parent_stmt = (update(_TURNS).where(_TURNS.c.id == bindparam("turn"))
                              .values(parent_id=bindparam("parent")))
         ins = self._insert(_SESSIONS)
@@ -359,7 +361,7 @@ class Ingestor:
             for row in it.calls:
                 row["turn_id"] = it.turn.id
         calls = [row for it in items for row in it.calls]
-        if calls:
+        if calls and not self._calls_at_once.run(conn, calls):
             conn.execute(self._call_stmt, calls)
         self._update_sessions(conn, items)
 

@@ -2,15 +2,15 @@
 
 An agent resends its whole history on every turn, so nearly all of a request's bytes
 are the previous request's: a 50-turn Cline task sends 9 MB of JSON to add 300 KB of
-messages. `Requests.parse` compares the body's bytes with the requests it parsed
-recently; when one of them, from its first byte to the end of its last message, starts
-this one too, that request's message objects (the very same objects) and their hashes
-are taken as they are, and only the rest of the body is decoded and parsed, by the same
-scanner json.loads uses: the shared part is compared once, neither decoded nor copied
-(at 200 turns it is a megabyte, and each pass over it cost the writer a visible share
-of a turn). The value is exactly what `content.parse_strict` returns (a body this path
-does not understand goes to it whole), and the decoders, handed the same message
-objects, can reuse their work too.
+messages. `Requests.parse` compares the body's bytes with the requests of the same
+conversation (resent.conversation_key) it parsed recently; when one of them, from its
+first byte to the end of its last message, starts this one too, that request's message
+objects (the very same objects) and their hashes are taken as they are, and only the
+rest of the body is decoded and parsed, by the same scanner json.loads uses: the shared
+part is compared once, neither decoded nor copied (at 200 turns it is a megabyte, and
+each pass over it cost the writer a visible share of a turn). The value is exactly what
+`content.parse_strict` returns (a body this path does not understand goes to it whole),
+and the decoders, handed the same message objects, can reuse their work too.
 
 A body whose journal frame says "its first N bytes are turn X's" (resent.py) comes as a
 `Spliced`, with X's id and N: when X's prefix is remembered and within those N bytes, it
@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from . import content
-from .resent import Spliced
+from .resent import Spliced, conversation_key
 
 BUDGET = 24 << 20  # bytes of request bodies remembered
 PROBE = 256  # bytes at the end of a remembered prefix compared first
@@ -64,6 +64,7 @@ class Prefix:
     hashes_of: dict[str, str] = field(default_factory=dict)  # content hashes of those values
     known_in: int = -1  # the writer's generation of stored hashes its own were known in (ingest.py)
     uid: str = ""  # the turn's
+    key: int = 0  # its conversation's (resent.conversation_key): where Requests looks for it
 
     @property
     def weight(self) -> int:
@@ -87,6 +88,7 @@ class Requests:
         self.budget = budget
         self._kept: OrderedDict[int, Prefix] = OrderedDict()
         self._by_uid: dict[str, Prefix] = {}
+        self._of: dict[int, list[Prefix]] = {}  # by conversation, oldest first
         self._bytes = 0
 
     def parse(self, body: bytes | Spliced, messages_key: str | None, uid: str = "",
@@ -106,9 +108,12 @@ class Requests:
         # The shared bytes are compared, not decoded: the text parsed is the earlier
         # request's head, its '[' and then only what follows its last message.
         base = self._extended(body, extends)
-        if base is None:
+        if base is not None:
+            conversation = base.key
+        else:
             body = bytes(body)  # (bytes: no copy; kept views must not change)
-            base = self._base(body)
+            conversation = conversation_key(body)
+            base = self._base(body, conversation)
         if base is None:
             text = body.decode("utf-8")
         elif isinstance(body, Spliced):
@@ -148,6 +153,8 @@ class Requests:
         if _WS.match(text, i).end() != len(text) or (base is not None and not parsed.reused):
             raise _Fallback
         self._check(obj, key, parsed)
+        if parsed.prefix is not None:
+            parsed.prefix.key = conversation
         return parsed
 
     def _messages(self, body: bytes, text: str, i: int, parsed: Parsed) -> tuple[list, int]:
@@ -208,9 +215,11 @@ class Requests:
             return None
         return p
 
-    def _base(self, body: bytes) -> Prefix | None:
-        """The newest remembered request whose body this one starts with."""
-        for p in reversed(self._kept.values()):
+    def _base(self, body: bytes, conversation: int) -> Prefix | None:
+        """The newest remembered request of the conversation whose body this one starts
+        with. (Not every remembered one: with many short conversations, the writer spent
+        more on this search than on the rest of the turn.)"""
+        for p in reversed(self._of.get(conversation, ())):
             raw, n = p.raw, len(p.raw)
             if len(body) <= n:
                 continue
@@ -242,6 +251,7 @@ class Requests:
         self._kept[id(p)] = p
         if p.uid:
             self._by_uid[p.uid] = p
+        self._of.setdefault(p.key, []).append(p)
         self._bytes += p.weight
         while self._bytes > self.budget and self._kept:
             _, old = self._kept.popitem(last=False)
@@ -251,10 +261,16 @@ class Requests:
         self._bytes -= p.weight
         if self._by_uid.get(p.uid) is p:
             del self._by_uid[p.uid]
+        same = self._of.get(p.key, [])
+        if p in same:
+            same.remove(p)
+            if not same:
+                del self._of[p.key]
 
     def clear(self) -> None:
         self._kept.clear()
         self._by_uid.clear()
+        self._of.clear()
         self._bytes = 0
 
 

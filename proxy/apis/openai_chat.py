@@ -106,7 +106,7 @@ class _Choice:
             self._logprobs(logprobs)
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
-        if choice.keys() - _CHOICE_KEYS:  # rare: a loop per chunk only for who sends more
+        if not _CHOICE_KEYS.issuperset(choice):  # rare: a loop per chunk only for who sends more
             for key, value in choice.items():
                 if key not in _CHOICE_KEYS and value is not None:
                     self.extra[key] = value
@@ -114,7 +114,9 @@ class _Choice:
     def _delta(self, delta: dict[str, Any]) -> None:
         for key, value in delta.items():
             if key in _TEXT_FIELDS:
-                pieces = self.text.setdefault(key, [])
+                pieces = self.text.get(key)
+                if pieces is None:
+                    pieces = self.text[key] = []
                 if isinstance(value, str):
                     pieces.append(value)
             elif key == "role":

@@ -19,6 +19,10 @@ writer process, its batches. No proxy runs: this measures the writer alone.
    to ~1.3 MB at 200 turns), one turn of each session at a time; ms per turn by turn
    number shows whether a turn costs more when its session is longer.
 
+`--one-shot` makes every turn a conversation of its own (bench/client.py's small chat
+request, as bench/overhead.py and one-shot callers send): the writer then remembers
+thousands of short conversations, and must not look through them all for each turn.
+
 The writer runs at the proxy's priority here (TOOLTAP_WRITER_NICE=0; tooltap's default
 is 10, so that under a saturating load the agents' traffic goes first): on a shared
 machine a reniced writer measures the other processes, not tooltap.
@@ -117,8 +121,18 @@ class Run:
         self.writer.close(60)
 
 
+def one_shot_sessions(count: int, turns: int) -> list[list[bytes]]:
+    """`count` x `turns` requests, each a conversation of its own (bench/client.py's small
+    chat request, as bench/overhead.py sends): the writer remembers thousands of them."""
+    from client import request_bytes
+
+    return [[request_bytes("bench", 0, "/v1/chat/completions").partition(b"\r\n\r\n")[2] for _ in range(turns)]
+            for _ in range(count)]
+
+
 def sustained(run: Run, a, events) -> list[dict]:
-    """Sessions of the storage.py template, `a.sessions` at a time, until `a.stored` turns."""
+    """Sessions of the storage.py template (or one-shot requests), `a.sessions` at a time,
+    until `a.stored` turns."""
     tpl = template(a.turns)
     per_group = a.sessions * a.turns
     groups = -(-a.stored // per_group)
@@ -134,7 +148,8 @@ def sustained(run: Run, a, events) -> list[dict]:
     sampler.start()
     t0 = time.perf_counter()
     for g in range(groups):
-        sessions = [bodies_of(tpl, g * a.sessions + k) for k in range(a.sessions)]
+        sessions = (one_shot_sessions(a.sessions, a.turns) if a.one_shot else
+                    [bodies_of(tpl, g * a.sessions + k) for k in range(a.sessions)])
         for t in range(a.turns):  # agents interleave: one turn of each, then the next
             for s in sessions:
                 run.submit(capture(s[t], answer(events, t)), a.ahead)
@@ -202,6 +217,8 @@ def main() -> int:
     ap.add_argument("--band", type=int, default=10_000, help="turns per reported band")
     ap.add_argument("--ahead", type=int, default=2000, help="turns submitted but not yet stored, at most")
     ap.add_argument("--writers", type=int, default=1, help="writer processes (serve --writers)")
+    ap.add_argument("--one-shot", action="store_true",
+                    help="every turn a conversation of its own (a small chat request), not a storage.py session")
     ap.add_argument("--long-sessions", type=int, default=10)
     ap.add_argument("--long-turns", type=int, default=200)
     ap.add_argument("--profile", metavar="FILE",
@@ -219,8 +236,9 @@ def main() -> int:
         if count_turns(db_url):
             print(f"{db_url.split('@')[-1]} holds turns already: give an empty database", file=sys.stderr)
             return 2
-        print(f"writer: {db_url.split('://')[0]}, {a.writers} writer process(es), {a.sessions} sessions at once "
-              f"x {a.turns} turns, until {a.stored:,} turns are stored", flush=True)
+        shape = "one-shot requests" if a.one_shot else f"{a.sessions} sessions at once x {a.turns} turns"
+        print(f"writer: {db_url.split('://')[0]}, {a.writers} writer process(es), {shape}, "
+              f"until {a.stored:,} turns are stored", flush=True)
         run = Run(db_url, Path(tmp), a.writers)
         spy = None
         if a.profile:

@@ -337,16 +337,14 @@ def test_a_request_is_looked_for_among_its_own_conversations_requests(monkeypatc
     monkeypatch.setattr(Requests, "_base", counting_base)
     requests = Requests()
     system = {"role": "system", "content": "You are a careful coding agent. " * 40}
-    first = {}
     for k in range(2000):
-        messages = [system, {"role": "user", "content": f"one-shot question {k}"}]
-        body = json.dumps({"model": "m", "messages": messages}).encode()
+        body = json.dumps({"model": "m", "messages": [system, {"role": "user", "content": f"one-shot {k}"}]}).encode()
         parsed = requests.parse(body, "messages")
         assert parsed.reused == 0
         requests.keep(parsed)
-        first[k] = messages
-    assert max(compared) <= 1  # each new conversation looked at none but its own (none)
-    messages = first[0] + [{"role": "assistant", "content": "Yes."}, {"role": "user", "content": "And?"}]
+    assert max(compared) == 0  # each new conversation: nothing of its own to compare with
+    messages = [system, {"role": "user", "content": "one-shot 0"}, {"role": "assistant", "content": "Yes."},
+                {"role": "user", "content": "And?"}]
     body = json.dumps({"model": "m", "messages": messages}).encode()
     parsed = requests.parse(body, "messages")
     assert parsed.reused == 2 and parsed.value == json.loads(body)

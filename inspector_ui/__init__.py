@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.store.db import make_engine
 from proxy.store.read import Reader
@@ -30,7 +34,26 @@ def create_inspector(tooltap, lifespan=None) -> FastAPI:
     app.include_router(schemas_page.router, prefix="/_tooltap")
     app.include_router(mcp_pages.router, prefix="/_tooltap")
     app.mount("/_tooltap/static", StaticFiles(directory=str(STATIC)), name="static")
+    app.add_exception_handler(StarletteHTTPException, _error_page)
     # Outermost: every response (pages, API, live, static, errors) gets the headers and
     # the token check.
     app.add_middleware(Guard, token=tooltap.settings.ui_token)
     return app
+
+
+async def _error_page(request: Request, exc: StarletteHTTPException):
+    """A page's error as a page, for a browser: a JSON body there read as a broken page,
+    and, having no icon, made the browser ask for /favicon.ico, which is forwarded
+    upstream and recorded as a turn. The API and the static files answer as before."""
+    path = request.url.path
+    if path.startswith(("/_tooltap/api/", "/_tooltap/static/")) or "text/html" not in request.headers.get("accept", ""):
+        return await http_exception_handler(request, exc)
+    from .pages import templates
+
+    try:
+        reason = HTTPStatus(exc.status_code).phrase
+    except ValueError:
+        reason = ""
+    return templates.TemplateResponse(request, "error.html", {
+        "status": exc.status_code, "reason": reason, "detail": exc.detail}, status_code=exc.status_code,
+        headers=getattr(exc, "headers", None))

@@ -158,6 +158,23 @@ def test_search_finds_a_tool_argument(tooltap, upstream, page):
     assert "华盛顿明天天气如何？" in rows.inner_text() and "tool arguments" in rows.inner_text()
 
 
+def test_a_page_that_is_not_there_is_a_page_and_records_nothing(tooltap, upstream, page):
+    """A stale link in the browser gets an error page (escaped, with the way back) rather
+    than JSON; and no request for /favicon.ico follows it to the upstream as a turn."""
+    page.goto(tooltap.url + "/_tooltap/")
+    r = page.goto(tooltap.url + "/_tooltap/sessions/%3Cb%3Egone%3C%2Fb%3E")
+    assert r.status == 404 and r.headers["content-type"].startswith("text/html")
+    assert page.locator("h1").inner_text() == "404 Not Found"
+    assert "no session <b>gone</b>" in page.locator("main").inner_text()  # shown as text
+    assert page.locator("main b").count() == 0
+    page.locator("main a", has_text="all sessions").click()
+    page.wait_for_url(tooltap.url + "/_tooltap/")
+    tooltap.flush()
+    assert tooltap.api("/sessions")["sessions"] == []  # not even a favicon, forwarded
+    assert httpx.get(tooltap.url + "/_tooltap/api/sessions/gone", headers={"accept": "text/html"}).json() == {
+        "detail": "no session gone"}  # the API answers JSON whoever asks
+
+
 def test_ui_token_refuses_page_api_and_live_without_it(make_tooltap, upstream, page):
     tt = make_tooltap(upstream.url, ui_token="tok-123")
     for path in ["/_tooltap/", "/_tooltap/api/sessions", "/_tooltap/api/live"]:

@@ -133,7 +133,7 @@ def one_shot_sessions(count: int, turns: int) -> list[list[bytes]]:
 def sustained(run: Run, a, events) -> list[dict]:
     """Sessions of the storage.py template (or one-shot requests), `a.sessions` at a time,
     until `a.stored` turns."""
-    tpl = template(a.turns)
+    tpl = None if a.one_shot else template(a.turns)
     per_group = a.sessions * a.turns
     groups = -(-a.stored // per_group)
     marks: list[tuple[float, int, float]] = []  # (time, written, writer cpu seconds)

@@ -12,6 +12,7 @@ per socket read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class Origin:
         parts = urlsplit(url)
         return cls(parts.scheme, parts.hostname or "", parts.port or _default_port(parts.scheme))
 
-    @property
+    @functools.cached_property  # IDNA encoding costs more than the rest of the request's head
     def host_header(self) -> bytes:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return (host if self.port == _default_port(self.scheme) else f"{host}:{self.port}").encode("idna")

@@ -235,6 +235,25 @@ def test_a_different_name_later_does_not_replace_the_first():
     assert message(assemble(chunks))["tool_calls"][0]["function"] == {"name": "read_file", "arguments": "{}"}
 
 
+def test_bare_fragments_and_fragments_that_say_more():
+    # A fragment of arguments alone on a known call takes a short way; one that names a
+    # function its call lacks, carries an extra field, or names an unseen index does not.
+    chunks = [
+        chunk(calls(call(0, "c0", None, "{"))),
+        chunk(calls(call(0, args='"a":'))),
+        chunk(calls({"index": 0, "function": {"name": "late_name", "arguments": "1"}})),
+        chunk(calls({"index": 0, "function": {"arguments": ""}})),
+        chunk(calls({"index": 0, "signature": "s1"})),
+        chunk(calls(call(1, args="{}"))),
+        chunk(calls(call(0, args="}"))),
+    ]
+    assert message(assemble(chunks))["tool_calls"] == [
+        {"id": "c0", "type": "function", "function": {"name": "late_name", "arguments": '{"a":1}'},
+         "signature": "s1"},
+        {"id": None, "type": "function", "function": {"name": "", "arguments": "{}"}},
+    ]
+
+
 def test_interleaved_calls():
     chunks = [
         chunk(calls(call(0, "c0", "a", ""), call(1, "c1", "b", ""))),

@@ -147,6 +147,13 @@ class _Choice:
 
     def _tool_call(self, entry: dict[str, Any]) -> None:
         idx = entry.get("index")
+        if len(entry) == 2 and type(idx) is int:
+            # Most fragments: {"index": i, "function": {"arguments": "..."}} on a known call.
+            fn, call = entry.get("function"), self.by_index.get(idx)
+            if call is not None and type(fn) is dict and len(fn) == 1 and type(fn.get("arguments")) is str:
+                if fn["arguments"]:
+                    call.args.append(fn["arguments"])
+                return
         new_id = entry.get("id") if _nonempty_str(entry.get("id")) else None
         if isinstance(idx, int):
             call = self.by_index.get(idx)

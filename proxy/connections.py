@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .forward import TIMED_OUT
+from .forward import HANG_UP, TIMED_OUT
 
 log = logging.getLogger("tooltap")
 
@@ -73,7 +73,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc) -> None:
         self._expect(None)
         self.pool.forget(self)
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # mid-request: the app's callbacks
+            for hang_up in cycle.scope.get("extensions", {}).get(HANG_UP, ()):
+                hang_up()
 
     def handle_websocket_upgrade(self) -> None:
         self._expect(None)
@@ -98,6 +102,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._expect("head")
 
     def on_headers_complete(self) -> None:
+        self.scope["extensions"] = {HANG_UP: []}  # before the request's cycle takes the scope
         super().on_headers_complete()
         self.pool.busy(self)
         self._expect("body")  # ended by on_message_complete (at once when there is none)

@@ -164,7 +164,7 @@ class Forwarder:
 
         origin, base = self._origin(upstream.url)
         target = base + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else "")
-        watch = _HangUpWatch(receive, start=not streamed)  # (streamed: once the body is whole)
+        watch = _HangUpWatch(receive, scope, start=not streamed)  # (streamed: once the body is whole)
         response: upstream_client.Response | None = None
         status, error = None, None
         started = False  # the client has the response's status line
@@ -240,25 +240,37 @@ def _describe(exc: BaseException) -> str:
 class _HangUpWatch:
     """Cancels the request's task the moment the client hangs up, whatever it is waiting
     for (the upstream's headers or its next chunk), so the upstream connection is closed
-    at once and no one pays for a generation nobody reads."""
+    at once and no one pays for a generation nobody reads. tooltap's server calls back
+    when the connection is lost (the HANG_UP extension); under another server a task
+    waits for the disconnect (a task per request, and the frames of its cancellation
+    for the garbage collector)."""
 
-    def __init__(self, receive, start: bool = True) -> None:
+    def __init__(self, receive, scope, start: bool = True) -> None:
         self.hung_up = False
         self._receive = receive
         self._task = asyncio.current_task()
+        self._callbacks: list | None = scope.get("extensions", {}).get(HANG_UP)
         self._watcher: asyncio.Task | None = None
         if start:
             self.start()
 
     def start(self) -> None:
-        self._watcher = asyncio.create_task(self._watch(self._receive))
+        if self._callbacks is not None:
+            self._callbacks.append(self._hang_up)
+        else:
+            self._watcher = asyncio.create_task(self._watch(self._receive))
 
-    async def _watch(self, receive) -> None:
-        await _wait_disconnect(receive)
+    def _hang_up(self) -> None:
         self.hung_up = True
         self._task.cancel()
 
+    async def _watch(self, receive) -> None:
+        await _wait_disconnect(receive)
+        self._hang_up()
+
     def stop(self) -> None:
+        if self._callbacks is not None:
+            self._callbacks.clear()
         if self._watcher is not None:
             self._watcher.cancel()
 
@@ -353,8 +365,10 @@ class _RequestBody:
         then()
 
 
-# The scope extension under which the server says it closed a too-slow request.
+# Scope extensions of tooltap's server (connections.py): where it says it closed a
+# too-slow request, and the callbacks it calls when the client hangs up mid-request.
 TIMED_OUT = "tooltap.timed_out"
+HANG_UP = "tooltap.hang_up"
 
 
 async def _answer_error(send, capture: Capture, status: int, kind: str, message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -18,6 +19,7 @@ import uvicorn
 
 from proxy.app import TooltapApp
 from proxy.config import Settings, Upstream
+from proxy.connections import GuardedHttpProtocol, Limits
 from proxy.scripted import ScriptedUpstream
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -95,12 +97,14 @@ def upstream():
 def make_tooltap(tmp_path):
     started = []
 
-    def make(*upstreams: str, db_url: str | None = None, **settings) -> Tooltap:
+    def make(*upstreams: str, db_url: str | None = None, guarded: bool = False, **settings) -> Tooltap:
+        """guarded: uvicorn with `tooltap serve`'s protocol (connections.py), not its own."""
         db_path = tmp_path / f"tooltap{len(started)}.db"
         s = Settings(upstreams=tuple(Upstream.parse(u) for u in upstreams),
                      db_url=db_url or f"sqlite:///{db_path}", **settings)
         app = TooltapApp(s)
-        server = Server(app).__enter__()
+        http = {"http": functools.partial(GuardedHttpProtocol, limits=Limits())} if guarded else {}
+        server = Server(app, **http).__enter__()
         started.append(server)
         return Tooltap(app, server, db_path)
 

@@ -175,6 +175,37 @@ def test_a_common_word_walks_the_sessions_to_the_same_pages(engine_at, monkeypat
     assert len(pages_of["task", 3]) == 41
 
 
+def test_a_path_of_common_words_is_looked_up_by_its_rare_ones_with_the_same_answer(engine_at, monkeypatch):
+    """Postgres: `src`, `util` and `py` are in every call's arguments, so the index is
+    asked for `kiwi` alone and the phrase is checked on what it finds; a call holding the
+    same words in another order is still no match. SQLite's index needs no such help."""
+    engine = engine_at()
+    store = Store(engine)
+    for k in range(30):
+        store.batch([record(1_700_000_000 + k, [{"role": "user", "content": f"task {k}"}],
+                            reply(call=("read_file", {"path": f"src/m{k}/util.py"})))])
+    store.batch([record(1_700_001_000, [{"role": "user", "content": "the kiwi one"}],
+                        reply(call=("read_file", {"path": "src/kiwi/util.py"}))),
+                 record(1_700_001_001, [{"role": "user", "content": "the shuffled one"}],
+                        reply(call=("note", {"text": "py util kiwi src"})))])
+    postgres = engine.dialect.name == "postgresql"
+    if postgres:
+        with engine.begin() as conn:
+            conn.execute(text("ANALYZE tool_calls"))
+        search._freqs.clear()
+    with engine.connect() as conn:
+        probes = search.places(conn, engine.dialect.name, ["src/kiwi/util.py"]).place_params
+    assert {p: v.get("probe") for p, v in probes.items()} == ({"tool arguments": "'kiwi'"} if postgres else
+                                                              {p: None for p in probes})
+    assert found(engine, "src/kiwi/util.py") == {"the kiwi one": ["tool arguments"]}
+    assert found(engine, "kiwi") == {"the kiwi one": ["title", "tool arguments", "messages"],
+                                     "the shuffled one": ["tool arguments"]}
+    monkeypatch.setattr(search, "COMMON_WORD", 2.0)  # no word is common: the phrase as it is
+    with engine.connect() as conn:
+        assert "probe" not in str(search.places(conn, engine.dialect.name, ["src/kiwi/util.py"]).place_params)
+    assert found(engine, "src/kiwi/util.py") == {"the kiwi one": ["tool arguments"]}
+
+
 def test_a_title_is_found_by_any_part_of_it_and_postgres_has_an_index_for_that(engine_at):
     """Titles match by substring (part of a word too); on Postgres migration 0010 adds a
     trigram index that such a LIKE can use instead of reading every session."""

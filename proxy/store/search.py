@@ -36,6 +36,8 @@ phrase, and every term must match. User text never reaches the FTS syntax as syn
 from __future__ import annotations
 
 import re
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,7 +220,7 @@ _POSTGRES_WORDS = {"tool arguments": ("tool_calls", "search_args"), "tool result
 
 
 def _postgres_calls(column: str) -> tuple[str, str]:
-    return (f"SELECT t.session_id FROM tool_calls c JOIN turns t ON t.id = c.turn_id WHERE c.{column} @@ {{q}}",
+    return (f"SELECT t.session_id FROM {{source}} c JOIN turns t ON t.id = c.turn_id WHERE c.{column} @@ {{q}}",
             "EXISTS (SELECT 1 FROM turns t JOIN tool_calls c ON c.turn_id = t.id "
             f"WHERE t.session_id = sessions.id AND c.{column} @@ {{q}})")
 
@@ -228,10 +230,70 @@ _POSTGRES = {
     "tool results": _postgres_calls(_POSTGRES_WORDS["tool results"][1]),
     "messages": (
         "SELECT cn.session_id FROM chain_nodes cn WHERE cn.message_hash IN "
-        "(SELECT blob_hash FROM search_messages WHERE body @@ {q})",
+        "(SELECT blob_hash FROM {source} m WHERE body @@ {q})",
         "EXISTS (SELECT 1 FROM chain_nodes cn JOIN search_messages m ON m.blob_hash = cn.message_hash "
         "WHERE cn.session_id = sessions.id AND m.body @@ {q})"),
 }
+# Postgres: a phrase with common words in it (the `src` and `py` of a path) costs its GIN
+# scan a walk of their long lists (18-26 ms at a million turns, ~7 ms per million rows a
+# word is in). Its other words alone find every match and a few more rows, from short
+# lists (5-8 ms); the phrase is then checked on those rows only. The fence (OFFSET 0)
+# keeps the planner from folding the phrase back into the index scan. Which words are
+# common, the column's statistics say (ANALYZE's most common elements); without
+# them, or with no word to leave out, the phrase goes to the index as it is.
+COMMON_WORD = 0.1  # of a column's rows
+_POSTGRES_FREQS = text("SELECT tablename, attname, most_common_elems::text::text[], most_common_elem_freqs "
+                       "FROM pg_stats WHERE schemaname = current_schema() AND most_common_elems IS NOT NULL")
+_POSTGRES_LEXEMES = text("SELECT tsvector_to_array(tooltap_search_words(:t))")
+
+
+
+def _postgres_probes(conn, terms: list[str]) -> dict[str, str]:
+    """Per place where some term has both common words and others: the tsquery (as
+    text, lexemes as indexed) of every term's words but the common ones."""
+    freqs = _postgres_freqs(conn)
+    if not freqs:
+        return {}
+    lexemes = [conn.execute(_POSTGRES_LEXEMES, {"t": t}).scalar() or [] for t in terms]
+    probes = {}
+    for place, where in _POSTGRES_WORDS.items():
+        share = freqs.get(where, {})
+        rare = [[w for w in words if share.get(w, 0.0) < COMMON_WORD] for words in lexemes]
+        if not any(0 < len(r) < len(words) for r, words in zip(rare, lexemes)):
+            continue
+        probes[place] = " & ".join(_tsquery_word(w) for r, words in zip(rare, lexemes)
+                                   for w in (r if r else words))
+    return probes
+
+
+def _postgres_freqs(conn) -> dict[tuple[str, str], dict[str, float]]:
+    """(table, column) -> word -> share of rows, for the most common words: read at most
+    every FREQS_SECONDS per engine (3-7 ms at a million turns; ANALYZE changes them)."""
+    now = time.monotonic()
+    cached = _freqs.get(conn.engine)
+    if cached is None or now - cached[0] > FREQS_SECONDS:
+        cached = _freqs[conn.engine] = (now, {(table, column): dict(zip(words, shares))
+                                              for table, column, words, shares in conn.execute(_POSTGRES_FREQS)})
+    return cached[1]
+
+
+FREQS_SECONDS = 300.0
+_freqs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _postgres_source(place: str, probed: bool) -> str:
+    """Where a place's matches are looked for: its table, or the rows its probe finds."""
+    table, column = _POSTGRES_WORDS[place]
+    if not probed:
+        return table
+    key = "blob_hash" if table == "search_messages" else "turn_id"
+    return f"(SELECT {key}, {column} FROM {table} WHERE {column} @@ CAST(:probe AS tsquery) OFFSET 0)"
+
+
+def _tsquery_word(word: str) -> str:
+    return "'" + word.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
 # Matches at which the sessions are better walked than found from the index. SQLite
 # reads them (up to this many): reading an FTS5 doclist is cheap. Postgres would read a
 # heap row per match to count it, so the planner's estimate stands in (its statistics on
@@ -262,8 +324,10 @@ def places(conn, dialect: str, terms: list[str]) -> Places:
     if dialect == "postgresql":
         params: dict[str, Any] = {f"t{i}": t for i, t in enumerate(terms)}
         q = "(" + " && ".join(f"tooltap_search_phrase(:t{i})" for i in range(len(terms))) + ")"
-        sql = {k: (a.format(q=q), b.format(q=q)) for k, (a, b) in _POSTGRES.items()}
-        found = Places({k: a for k, (a, _) in sql.items()}, {k: b for k, (_, b) in sql.items()}, params)
+        probes = _postgres_probes(conn, terms)
+        found = Places({k: a.format(q=q, source=_postgres_source(k, k in probes)) for k, (a, _) in _POSTGRES.items()},
+                       {k: b.format(q=q) for k, (_, b) in _POSTGRES.items()}, params,
+                       place_params={k: {"probe": p} for k, p in probes.items()})
         estimate = "EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {} @@ " + q
         plans = [conn.execute(text(estimate.format(table, column)), params).scalar()
                  for table, column in _POSTGRES_WORDS.values()]

@@ -247,7 +247,6 @@ _POSTGRES_FREQS = text("SELECT tablename, attname, most_common_elems::text::text
 _POSTGRES_LEXEMES = text("SELECT tsvector_to_array(tooltap_search_words(:t))")
 
 
-
 def _postgres_probes(conn, terms: list[str]) -> dict[str, str]:
     """Per place where some term has both common words and others: the tsquery (as
     text, lexemes as indexed) of every term's words but the common ones."""

@@ -314,3 +314,41 @@ def test_a_live_view_on_sqlite_sees_a_burst_stored_before_its_first_poll(tmp_pat
     finally:
         other.close()
     assert seen == {3, 4, 5}
+
+
+def test_a_live_view_on_sqlite_leaves_a_turn_its_own_writer_announces_a_moment_late(tmp_path):
+    """The poller may read a turn this instance's writer has committed but not announced
+    yet; a turn the writer names before the next poll is not announced a second time."""
+    db_url = f"sqlite:///{tmp_path / 'peers.db'}"
+    writer = Writer(db_url, spool_path=str(tmp_path / "w.spool"))
+    writer.start()
+    own = Own()
+
+    async def watch() -> list[int]:
+        hub = LiveHub()
+        peers = PeerTurns(db_url, hub, "watcher", own).start()
+        try:
+            queue = hub.subscribe()
+            await asyncio.sleep(1.5)  # the poller knows the newest id
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "mine"}]}).encode()
+            writer.submit(TurnRecord(started_at=time.time(), method="POST", path="/v1/chat/completions",
+                                     upstream="http://up", request_headers=[], request_body=body,
+                                     api="openai.chat", http_status=200, stream=False, raw=b"{}", raw_size=2))
+            await asyncio.to_thread(writer.flush, 10)
+            await asyncio.sleep(1.2)  # read by a poll at least once by now
+            own.add(1)  # the writer's own word, late
+            seen = []
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                try:
+                    seen.append((await asyncio.wait_for(queue.get(), 0.5))["turn_id"])
+                except asyncio.TimeoutError:
+                    pass
+            return seen
+        finally:
+            peers.close()
+
+    try:
+        assert asyncio.run(watch()) == []
+    finally:
+        writer.close()

@@ -5,9 +5,9 @@ the inspector of any of them shows every turn as it lands. On Postgres each writ
 announces the turns of a batch with NOTIFY, inside the batch's transaction (so a turn
 is announced once committed, never before), and every instance LISTENs. SQLite has no
 notifications: the turns table is polled each second for ids past the last one seen,
-published while someone watches the live view. An instance's own turns reach its live
-view from its own writer (with the id that names a turn while it streams), so they are
-skipped here.
+published a poll later while someone watches the live view. An instance's own turns
+reach its live view from its own writer (with the id that names a turn while it
+streams), so they are skipped here; the poll's delay lets that writer's word arrive.
 """
 
 from __future__ import annotations
@@ -118,6 +118,9 @@ class PeerTurns:
     def _poll(self) -> None:
         engine = make_engine(self.db_url)
         last = None
+        # Read at the last poll, published at this one: this instance's own writer announces
+        # a turn just after its commit, and a poll in between must not take it for another's.
+        held: list = []
         try:
             while True:
                 rows = []
@@ -128,15 +131,18 @@ class PeerTurns:
                             # that opens is shown every turn stored since, even a burst that
                             # lands before the next poll.
                             last = conn.execute(text("SELECT coalesce(max(id), 0) FROM turns")).scalar()
+                            held = []
                         else:
                             rows = conn.execute(text("SELECT id, session_id FROM turns WHERE id > :last "
                                                      "ORDER BY id LIMIT 1000"), {"last": last}).all()
                 except Exception as exc:  # locked, being migrated: next time
                     log.debug("live view: cannot read new turns (%s)", exc)
-                for turn_id, session_id in rows:
-                    last = turn_id
+                for turn_id, session_id in held:
                     if turn_id not in self.own:
                         self._publish(turn_id, session_id)
+                held = rows
+                if rows:
+                    last = rows[-1][0]
                 if self._stop.wait(POLL_SECONDS):
                     return
         finally:

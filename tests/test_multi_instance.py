@@ -275,6 +275,18 @@ def test_workers_share_a_port_and_one_sqlite_file(tmp_path):
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+async def announced(queue, within: float, enough: int | None = None) -> list[int]:
+    """The turn ids a live hub's queue gives within `within` seconds (or until `enough`)."""
+    seen: list[int] = []
+    deadline = time.monotonic() + within
+    while (enough is None or len(seen) < enough) and time.monotonic() < deadline:
+        try:
+            seen.append((await asyncio.wait_for(queue.get(), 0.5))["turn_id"])
+        except asyncio.TimeoutError:
+            pass
+    return seen
+
+
 def test_a_live_view_on_sqlite_sees_a_burst_stored_before_its_first_poll(tmp_path):
     """Another process's turns that land right after a view opens, before the poller's next
     read, are announced too (the poller knows the newest id before anyone watches)."""
@@ -298,14 +310,7 @@ def test_a_live_view_on_sqlite_sees_a_burst_stored_before_its_first_poll(tmp_pat
             await asyncio.sleep(1.5)
             queue = hub.subscribe()
             await asyncio.to_thread(store, 3)
-            seen: set[int] = set()
-            deadline = time.monotonic() + 5
-            while len(seen) < 3 and time.monotonic() < deadline:
-                try:
-                    seen.add((await asyncio.wait_for(queue.get(), 0.5))["turn_id"])
-                except asyncio.TimeoutError:
-                    pass
-            return seen
+            return set(await announced(queue, within=5, enough=3))
         finally:
             peers.close()
 
@@ -337,14 +342,7 @@ def test_a_live_view_on_sqlite_leaves_a_turn_its_own_writer_announces_a_moment_l
             await asyncio.to_thread(writer.flush, 10)
             await asyncio.sleep(1.2)  # read by a poll at least once by now
             own.add(1)  # the writer's own word, late
-            seen = []
-            deadline = time.monotonic() + 2.5
-            while time.monotonic() < deadline:
-                try:
-                    seen.append((await asyncio.wait_for(queue.get(), 0.5))["turn_id"])
-                except asyncio.TimeoutError:
-                    pass
-            return seen
+            return await announced(queue, within=2.5)
         finally:
             peers.close()
 

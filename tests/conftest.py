@@ -97,13 +97,14 @@ def upstream():
 def make_tooltap(tmp_path):
     started = []
 
-    def make(*upstreams: str, db_url: str | None = None, guarded: bool = False, **settings) -> Tooltap:
-        """guarded: uvicorn with `tooltap serve`'s protocol (connections.py), not its own."""
+    def make(*upstreams: str, db_url: str | None = None, limits: Limits | None = None, **settings) -> Tooltap:
+        """limits: uvicorn with `tooltap serve`'s protocol (connections.py) under these bounds,
+        not uvicorn's own protocol."""
         db_path = tmp_path / f"tooltap{len(started)}.db"
         s = Settings(upstreams=tuple(Upstream.parse(u) for u in upstreams),
                      db_url=db_url or f"sqlite:///{db_path}", **settings)
         app = TooltapApp(s)
-        http = {"http": functools.partial(GuardedHttpProtocol, limits=Limits())} if guarded else {}
+        http = {"http": functools.partial(GuardedHttpProtocol, limits=limits)} if limits is not None else {}
         server = Server(app, **http).__enter__()
         started.append(server)
         return Tooltap(app, server, db_path)

@@ -4,7 +4,6 @@ its bound while a normal agent's request still goes through."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import signal
 import socket
@@ -14,11 +13,8 @@ import time
 import httpx
 import pytest
 
-from proxy.app import TooltapApp
-from proxy.config import Settings, Upstream
-from proxy.connections import GuardedHttpProtocol, Limits
+from proxy.connections import Limits
 from proxy.scripted import Reply
-from tests.conftest import Server, Tooltap
 from tests.processes import soft_fd_limit, start
 
 REQ = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -26,20 +22,9 @@ SSE = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]
 
 
 @pytest.fixture
-def guarded(tmp_path, upstream):
+def guarded(make_tooltap, upstream):
     """tooltap on uvicorn with the guarded protocol and short bounds."""
-    started = []
-
-    def make(**limits) -> Tooltap:
-        settings = Settings(upstreams=(Upstream.parse(upstream.url),), db_url=f"sqlite:///{tmp_path}/t{len(started)}.db")
-        app = TooltapApp(settings)
-        server = Server(app, http=functools.partial(GuardedHttpProtocol, limits=Limits(**limits))).__enter__()
-        started.append(server)
-        return Tooltap(app, server, tmp_path / "t.db")
-
-    yield make
-    for server in started:
-        server.__exit__()
+    return lambda **limits: make_tooltap(upstream.url, limits=Limits(**limits))
 
 
 def connect(port: int) -> socket.socket:

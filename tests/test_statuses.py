@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from proxy.connections import Limits
 from proxy.scripted import Reply
 from tests.conftest import free_port
 
@@ -68,9 +69,9 @@ def test_upstream_abort_reaches_the_client(tooltap, upstream):
     assert turn["error"].startswith("UpstreamDisconnected: the upstream closed the connection while sending"), turn["error"]
 
 
-@pytest.mark.parametrize("guarded", [False, True], ids=["uvicorn's protocol", "tooltap's"])
-def test_client_abort_closes_upstream(make_tooltap, upstream, guarded):
-    tooltap = make_tooltap(upstream.url, guarded=guarded)
+@pytest.mark.parametrize("limits", [None, Limits()], ids=["uvicorn's protocol", "tooltap's"])
+def test_client_abort_closes_upstream(make_tooltap, upstream, limits):
+    tooltap = make_tooltap(upstream.url, limits=limits)
     upstream.routes["/chat/completions"] = Reply.sse(b"".join(chunk(f"{i} ") for i in range(200)), delay=0.02)
     with httpx.stream("POST", f"{tooltap.url}/chat/completions", json=REQ) as r:
         it = r.iter_raw()
@@ -130,11 +131,11 @@ def test_non_json_response_is_kept_raw_and_flagged(make_tooltap, upstream):
     assert httpx.get(f"{tt.url}/_tooltap/api/turns/{turn['id']}/raw").content == b'{"truncated": '
 
 
-@pytest.mark.parametrize("guarded", [False, True], ids=["uvicorn's protocol", "tooltap's"])
-def test_client_gone_before_headers_is_client_aborted(make_tooltap, upstream, guarded):
+@pytest.mark.parametrize("limits", [None, Limits()], ids=["uvicorn's protocol", "tooltap's"])
+def test_client_gone_before_headers_is_client_aborted(make_tooltap, upstream, limits):
     """The agent gives up while the model is still thinking: tooltap stops waiting too
     (told by a task that waits for the disconnect, or by tooltap's server)."""
-    tooltap = make_tooltap(upstream.url, guarded=guarded)
+    tooltap = make_tooltap(upstream.url, limits=limits)
     upstream.routes["/chat/completions"] = Reply.json({"too": "late"}, wait=3)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{tooltap.url}/chat/completions", json=REQ, timeout=0.5)

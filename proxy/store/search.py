@@ -242,6 +242,8 @@ _POSTGRES = {
 # common, the column's statistics say (ANALYZE's most common elements); without
 # them, or with no word to leave out, the phrase goes to the index as it is.
 COMMON_WORD = 0.1  # of a column's rows
+FREQS_SECONDS = 300.0
+_freqs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (read at, freqs)
 _POSTGRES_FREQS = text("SELECT tablename, attname, most_common_elems::text::text[], most_common_elem_freqs "
                        "FROM pg_stats WHERE schemaname = current_schema() AND most_common_elems IS NOT NULL")
 _POSTGRES_LEXEMES = text("SELECT tsvector_to_array(tooltap_search_words(:t))")
@@ -274,10 +276,6 @@ def _postgres_freqs(conn) -> dict[tuple[str, str], dict[str, float]]:
         cached = _freqs[conn.engine] = (now, {(table, column): dict(zip(words, shares))
                                               for table, column, words, shares in conn.execute(_POSTGRES_FREQS)})
     return cached[1]
-
-
-FREQS_SECONDS = 300.0
-_freqs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _postgres_source(place: str, probed: bool) -> str:

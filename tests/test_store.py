@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -331,3 +332,27 @@ def test_turns_the_writer_never_confirmed_are_spooled_at_close(tmp_path):
     writer.submit(_record(0, [{"role": "user", "content": "kept anyway"}]))
     writer.close(timeout=1)
     assert b"kept anyway" in spooled_bodies(writer.spool.path)
+
+
+def test_a_flush_waiting_on_a_writer_that_dies_is_answered_by_its_successor(tmp_path):
+    from proxy.store.process import WriterProcess
+
+    writer = WriterProcess(f"sqlite:///{tmp_path / 'w.db'}", spool_path=str(tmp_path / "spool"))
+    writer.start()
+    try:
+        first = writer._process.pid
+        os.kill(first, signal.SIGSTOP)  # the flush reaches it, and it never answers
+        writer.submit(_record(0, [{"role": "user", "content": "flushed across a crash"}]))
+        started = time.monotonic()
+        flushing = threading.Thread(target=writer.flush, args=(30,))
+        flushing.start()
+        time.sleep(0.5)
+        os.kill(first, signal.SIGKILL)
+        flushing.join(30)
+        took = time.monotonic() - started
+        assert writer._process.pid != first and took < 15, took  # not the whole timeout
+        assert writer.written == 1
+    finally:
+        writer.close(timeout=10)
+    with sqlite3.connect(tmp_path / "w.db") as conn:
+        assert conn.execute("select count(*) from turns").fetchone()[0] == 1

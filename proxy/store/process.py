@@ -101,7 +101,7 @@ class WriterProcess:
         self.rate = Rate()
         self._process: Any = None
         self._listener: threading.Thread | None = None
-        self._flushes: dict[int, threading.Event] = {}
+        self._flushes: dict[int, tuple[threading.Event, Position]] = {}
         self._ids = itertools.count(1)
         self._confirmed: Position = (0, 0)  # everything before it is stored or spooled
         self._child = (0, 0, 0)  # the current child's written, spooled, spool turns
@@ -142,6 +142,8 @@ class WriterProcess:
             self._process.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for n, (_, end) in list(self._flushes.items()):  # asked of a child that died
+            self._inbox.put(("flush", (n, end)))
 
     def submit(self, record: TurnRecord) -> None:
         self.journal.submit(record)  # a queue put: the journal's thread writes it
@@ -152,7 +154,8 @@ class WriterProcess:
         end = self.journal.mark(timeout)
         self._revive()  # a writer that just died would never answer
         n = next(self._ids)
-        done = self._flushes[n] = threading.Event()
+        done = threading.Event()
+        self._flushes[n] = (done, end)
         self._inbox.put(("flush", (n, end)))
         done.wait(max(0.0, deadline - time.monotonic()))
         self._flushes.pop(n, None)
@@ -230,7 +233,7 @@ class WriterProcess:
                 self._note(*counts)
                 done = self._flushes.get(n)
                 if done is not None:
-                    done.set()
+                    done[0].set()
 
     def _note(self, written: int, spooled: int, spool_turns: int) -> None:
         self._child = (written, spooled, spool_turns)

@@ -61,9 +61,11 @@ class SSEDecoder:
                     events.append(event)
             data = self._data
             for line in lines:  # data lines and blank ones inline: the rest of a stream
+                if line[:6] == b"data: ":  # the space dropped before decoding: one copy, not two
+                    data.append(line[6:].decode("utf-8", errors="replace"))
+                    continue
                 if line[:5] == b"data:":
-                    value = line[5:].decode("utf-8", errors="replace")
-                    data.append(value[1:] if value[:1] == " " else value)
+                    data.append(line[5:].decode("utf-8", errors="replace"))
                     continue
                 event = self._dispatch() if not line else self._line(line)
                 if event is not None:

@@ -623,6 +623,21 @@ def test_error_event_type():
     assert message(asm)["content"] == "x"
 
 
+def test_the_latest_error_stands_when_an_envelope_repeats():
+    """A chunk that repeats the last one's envelope is not merged again, except after an
+    error event came between them: then its own error field is the latest error again."""
+    first, second = {"message": "first"}, {"message": "second"}
+    asm = assemble([chunk(choice({"content": "a"}), error=first)], done=False)
+    asm.feed(Event(data='{"message": "an error event"}', event="error"))
+    assert asm.error == {"message": "an error event"}
+    asm.feed(Event(data=json.dumps(chunk(choice({"content": "b"}), error=first))))
+    assert asm.error == first
+    asm.feed(Event(data=json.dumps(chunk(choice({"content": "c"}), error=second, usage={"total_tokens": 3}))))
+    asm.feed(Event(data=json.dumps(chunk(choice({"content": "d"}), error=second, usage={"total_tokens": 3}))))
+    assert asm.error == second and asm.result()["usage"] == {"total_tokens": 3}
+    assert message(asm)["content"] == "abcd" and asm.chunks == 5  # the error event too
+
+
 def test_non_json_data_is_recorded_not_raised():
     asm = ChatAssembler()
     asm.feed(Event(data=json.dumps(chunk(choice({"content": "a"})))))

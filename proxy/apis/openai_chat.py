@@ -112,11 +112,14 @@ class _Choice:
                     self.extra[key] = value
 
     def _delta(self, delta: dict[str, Any]) -> None:
+        text = self.text
         for key, value in delta.items():
-            if key in _TEXT_FIELDS:
-                pieces = self.text.get(key)
+            pieces = text.get(key)
+            if pieces is not None and type(value) is str:  # most deltas: more of a text already begun
+                pieces.append(value)
+            elif key in _TEXT_FIELDS:
                 if pieces is None:
-                    pieces = self.text[key] = []
+                    pieces = text[key] = []
                 if isinstance(value, str):
                     pieces.append(value)
             elif key == "role":
@@ -223,24 +226,34 @@ class ChatAssembler:
             self.done = True
             return
         chunk = event_json(data)
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             self.unparsed.append(data)
             return
         self.chunks += 1
+        if event.event == "error" and chunk.get("error") is None:
+            self.error = chunk
+            self._last = None  # a later chunk's own error field must win again
+            return
+        choices = chunk.pop("choices", None)
+        # Most chunks repeat the last one's envelope (all but the choices): its fields,
+        # error and usage are merged already.
+        if chunk != self._last:
+            self._envelope(chunk)
+            self._last = chunk
+        if type(choices) is list:
+            for choice in choices:
+                if type(choice) is dict:
+                    index = choice.get("index", 0)
+                    state = self._choices.get(index) if type(index) is int else None
+                    if state is None:
+                        state = self._choice(index)
+                    state.feed(choice)
+
+    def _envelope(self, chunk: dict[str, Any]) -> None:
         error = chunk.get("error")
         if error is not None:
             self.error = error if isinstance(error, dict) else {"message": error}
-        elif event.event == "error":
-            self.error = chunk
-            return
-        choices = chunk.pop("choices", None)
-        if chunk != self._last:  # most chunks repeat the last one's envelope: nothing to merge
-            self._chunk_fields(chunk)
-            self._last = chunk
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict):
-                    self._choice(choice.get("index", 0)).feed(choice)
+        self._chunk_fields(chunk)
         usage = chunk.get("usage")
         if usage is None and isinstance(chunk.get("x_groq"), dict):
             usage = chunk["x_groq"].get("usage")  # Groq puts it there

@@ -271,12 +271,10 @@ class _Events:
 def _step_aside() -> None:
     """Lower this process's priority below the proxy's (its threads, started later, inherit
     it): TOOLTAP_WRITER_NICE steps nicer, 10 by default (0: the proxy's priority, as the
-    writer benchmarks run), or `idle` for SCHED_IDLE (Linux). An idle-class writer yields
-    its core the moment a proxy thread wakes, where a niced one runs on to the end of its
-    slice (EEVDF, Linux 6.6 and later): at concurrency 1 that took 0.4-0.6 ms off the
-    time added to a first byte. But it gets next to no CPU while other processes keep
-    every core busy (an agent's build, its tests), and its turns reach the inspector a
-    minute late, so it is for machines that serve agents only (bench/README.md)."""
+    writer benchmarks run), or `idle` for SCHED_IDLE (Linux): only the CPU time nothing
+    else wants. Such a writer stores nothing while every core is busy (an agent's build,
+    its tests, or agents' requests back to back), and its turns reach the inspector when
+    the machine has time again (bench/README.md)."""
     value = os.environ.get("TOOLTAP_WRITER_NICE", "").strip().lower() or str(NICENESS)
     if value != "idle" and not value.isdigit():
         log.warning("TOOLTAP_WRITER_NICE=%r is neither a number of 0 or more nor 'idle'; using %d",

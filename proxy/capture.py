@@ -22,7 +22,7 @@ from typing import Any
 from . import apis
 from .live import GROW_SECONDS, LiveHub
 from .secrets import redact_headers
-from .sse import SSEDecoder
+from .sse import SSEDecoder, data_only
 
 RAW_IN_MEMORY = 2 * 1024 * 1024
 TIMELINE_MAX = 4096  # chunk arrivals kept per turn; later ones are dropped from the timeline only
@@ -176,6 +176,21 @@ class StreamAssembly:
         except Exception as exc:
             self._fail(exc)
 
+    def feed_stream(self, stream: bytes) -> None:
+        """A whole stream at once. One of data-only events goes to an assembler that can
+        take their data undecoded (sse.data_only) without the SSE decoder."""
+        feed_data = getattr(self._assembler, "feed_data", None)
+        payloads = None
+        if feed_data is not None and self._decompress is None and self._sse is not None:
+            payloads = data_only(stream)
+        if payloads is None:
+            self.feed(stream)
+            return
+        try:
+            feed_data(payloads)
+        except Exception as exc:
+            self._fail(exc)
+
     def text(self) -> str:
         return self.api.text(self._assembler.result())
 
@@ -208,8 +223,11 @@ def assemble(rec: "TurnRecord", api: apis.WireAPI, content_encoding: str | None)
     """Assemble a recorded stream after the fact, from its raw bytes (the writer does
     this for every stream nobody watched live)."""
     assembly = StreamAssembly(api, content_encoding)
-    for chunk in rec.iter_raw(64 * 1024):
-        assembly.feed(chunk)
+    if isinstance(rec.raw, bytes):
+        assembly.feed_stream(rec.raw)
+    else:  # a file: in pieces
+        for chunk in rec.iter_raw(64 * 1024):
+            assembly.feed(chunk)
     assembly.finish(rec)
     if rec.stream_error and rec.status == "ok":
         rec.status = "upstream_error"

@@ -153,3 +153,17 @@ class SSEDecoder:
         self._event = ""
         self._retry = None
         return event
+
+
+def data_only(stream: bytes) -> list[bytes] | None:
+    """The data of every event of a whole stream made of one-line `data: ` events only,
+    each ended by a blank line, LF line ends (as nearly every OpenAI-compatible server
+    sends them): what SSEDecoder would give, found in one split and not yet decoded to
+    text. None for any other stream, which takes the decoder."""
+    if b"\r" in stream or not stream.endswith(b"\n\n"):
+        return None
+    blocks = stream[:-2].split(b"\n\n")
+    for block in blocks:
+        if block[:6] != b"data: " or b"\n" in block:
+            return None
+    return [block[6:] for block in blocks]

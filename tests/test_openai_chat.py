@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from proxy.apis import by_name, detect
 from proxy.apis.openai_chat import API, ChatAssembler
-from proxy.sse import Event, SSEDecoder
+from proxy.sse import Event, SSEDecoder, data_only
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cline-weather"
 TURNS = (1, 2, 3)
@@ -765,3 +765,32 @@ def test_an_envelope_that_changes_and_changes_back_ends_at_its_last_value():
     assert result["system_fingerprint"] == "fp_1" and result["choices"][0]["message"]["content"] == "012345"
     assert assemble(chunks[:4]).result()["system_fingerprint"] == "fp_2"  # a null does not undo a value
     assert norm(result) == norm(sdk(chunks))
+
+
+# -- a whole data-only stream, its data not decoded first (the writer's way) ------------
+
+_payloads = st.one_of(
+    st.builds(lambda text, finish: json.dumps(chunk(choice({"content": text}, finish=finish)), ensure_ascii=False),
+              st.text(max_size=8), st.sampled_from([None, "stop"])).map(str.encode),
+    st.builds(lambda i, args: json.dumps(chunk(calls(call(i, args=args)))), st.integers(0, 2), st.text(max_size=5))
+    .map(str.encode),
+    st.just(json.dumps(chunk(choice(), error={"message": "overloaded"})).encode()),
+    st.just(json.dumps(chunk(usage={"total_tokens": 7})).encode()),
+    st.sampled_from([b"[DONE]", b" [DONE] ", b"42", b'"text"', b"{broken", b"", b"{\"content\": \"\xff\"}",
+                     b'{"choices":[{"delta":{"content":"\xe2\x80\xa8 \xf0\x9f\x8c\xa6"}}]}']),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads=st.lists(_payloads, max_size=25))
+def test_a_data_only_stream_assembles_the_same_either_way(payloads):
+    from proxy.capture import StreamAssembly
+
+    stream = b"".join(b"data: " + p + b"\n\n" for p in payloads)
+    assert data_only(stream) is not None or not payloads  # the way under test is taken
+    whole, decoded = StreamAssembly(API, None), StreamAssembly(API, None)
+    whole.feed_stream(stream)
+    decoded.feed(stream)
+    a, b = whole._assembler, decoded._assembler
+    assert a.result() == b.result()
+    assert (a.error, a.unparsed, a.done, a.chunks) == (b.error, b.unparsed, b.done, b.chunks)

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sse import Event, SSEDecoder
+from proxy.sse import Event, SSEDecoder, data_only
 
 
 def decode(*chunks: bytes) -> list[Event]:
@@ -176,3 +176,23 @@ def test_line_endings_do_not_change_events(stream):
     # Normalizing every line ending to LF must not change the events.
     normalized = stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     assert decode(stream) == decode(normalized)
+
+
+# -- data_only: the same events, for the streams it takes -----------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(stream=_streams | st.lists(_lines.filter(lambda l: l.startswith(b"data: ")), max_size=30).map(
+    lambda ls: b"".join(l + b"\n\n" for l in ls)))
+def test_data_only_gives_what_the_decoder_gives_or_nothing(stream):
+    payloads = data_only(stream)
+    if payloads is not None:
+        assert [Event(p.decode("utf-8", errors="replace")) for p in payloads] == decode(stream)
+
+
+def test_data_only_takes_only_one_line_data_events_with_lf_ends():
+    assert data_only(b'data: {"a":1}\n\ndata: [DONE]\n\n') == [b'{"a":1}', b"[DONE]"]
+    assert data_only(b"data: \n\n") == [b""]
+    for other in [b"", b"data: a\n\ndata: b", b"data: a\n\ndata: b\n", b"data: a\r\n\r\n",
+                  b"data:a\n\n", b": ping\n\ndata: a\n\n", b"event: x\ndata: a\n\n", b"data: a\ndata: b\n\n",
+                  b"data: a\n\n\ndata: b\n\n", b"\xef\xbb\xbfdata: a\n\n", b"id: 1\ndata: a\n\n"]:
+        assert data_only(other) is None, other

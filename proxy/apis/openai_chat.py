@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from ..sse import Event
 from . import register
 from .base import RequestKeys, ToolCall, WireAPIBase, event_json
@@ -229,8 +231,26 @@ class ChatAssembler:
         if type(chunk) is not dict:
             self.unparsed.append(data)
             return
+        self._chunk(chunk, event.event)
+
+    def feed_data(self, payloads: list[bytes]) -> None:
+        """Default-type events by their data, not yet decoded to text (sse.data_only): as
+        if each were fed as an Event, without the decoding."""
+        for payload in payloads:
+            if self.done:
+                return
+            try:
+                chunk = orjson.loads(payload)
+            except ValueError:
+                chunk = None
+            if type(chunk) is dict:
+                self._chunk(chunk, "message")
+            else:  # [DONE], or what is not a JSON object: as an Event, which tells them apart
+                self.feed(Event(payload.decode("utf-8", errors="replace")))
+
+    def _chunk(self, chunk: dict[str, Any], event: str) -> None:
         self.chunks += 1
-        if event.event == "error" and chunk.get("error") is None:
+        if event == "error" and chunk.get("error") is None:
             self.error = chunk
             self._last = None  # a later chunk's own error field must win again
             return

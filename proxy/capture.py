@@ -177,8 +177,8 @@ class StreamAssembly:
             self._fail(exc)
 
     def feed_stream(self, stream: bytes) -> None:
-        """A whole stream at once. One of data-only events goes to an assembler that can
-        take their data undecoded (sse.data_only) without the SSE decoder."""
+        """A whole stream at once. A stream of one-line data events only (sse.data_only)
+        skips the SSE decoder when the assembler can take their data undecoded."""
         feed_data = getattr(self._assembler, "feed_data", None)
         payloads = None
         if feed_data is not None and self._decompress is None and self._sse is not None:

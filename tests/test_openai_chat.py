@@ -19,6 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from proxy.apis import by_name, detect
 from proxy.apis.openai_chat import API, ChatAssembler
+from proxy.capture import StreamAssembly
 from proxy.sse import Event, SSEDecoder, data_only
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cline-weather"
@@ -784,8 +785,6 @@ _payloads = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(payloads=st.lists(_payloads, max_size=25))
 def test_a_data_only_stream_assembles_the_same_either_way(payloads):
-    from proxy.capture import StreamAssembly
-
     stream = b"".join(b"data: " + p + b"\n\n" for p in payloads)
     assert data_only(stream) is not None or not payloads  # the way under test is taken
     whole, decoded = StreamAssembly(API, None), StreamAssembly(API, None)

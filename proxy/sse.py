@@ -160,9 +160,11 @@ def data_only(stream: bytes) -> list[bytes] | None:
     each ended by a blank line, LF line ends (as nearly every OpenAI-compatible server
     sends them): what SSEDecoder would give, found in one split and not yet decoded to
     text. None for any other stream, which takes the decoder."""
-    if b"\r" in stream or not stream.endswith(b"\n\n"):
+    if b"\r" in stream:
         return None
-    blocks = stream[:-2].split(b"\n\n")
+    blocks = stream.split(b"\n\n")
+    if blocks.pop() != b"":  # the last event must be ended too
+        return None
     for block in blocks:
         if block[:6] != b"data: " or b"\n" in block:
             return None

@@ -191,8 +191,8 @@ def test_data_only_gives_what_the_decoder_gives_or_nothing(stream):
 
 def test_data_only_takes_only_one_line_data_events_with_lf_ends():
     assert data_only(b'data: {"a":1}\n\ndata: [DONE]\n\n') == [b'{"a":1}', b"[DONE]"]
-    assert data_only(b"data: \n\n") == [b""]
-    for other in [b"", b"data: a\n\ndata: b", b"data: a\n\ndata: b\n", b"data: a\r\n\r\n",
+    assert data_only(b"data: \n\n") == [b""] and data_only(b"") == []
+    for other in [b"data: a\n\ndata: b", b"data: a\n\ndata: b\n", b"data: a\r\n\r\n",
                   b"data:a\n\n", b": ping\n\ndata: a\n\n", b"event: x\ndata: a\n\n", b"data: a\ndata: b\n\n",
                   b"data: a\n\n\ndata: b\n\n", b"\xef\xbb\xbfdata: a\n\n", b"id: 1\ndata: a\n\n"]:
         assert data_only(other) is None, other

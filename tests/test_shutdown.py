@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -340,3 +341,21 @@ def test_sigusr1_prints_every_threads_stack_and_tooltap_keeps_serving(tmp_path):
             tt.signal(signal.SIGTERM)
             assert tt.wait(15) == 0
         assert "writer process exited" not in tt.output()
+
+
+async def test_after_a_stop_the_database_file_alone_holds_every_turn(tmp_path, upstream):
+    """Copied on its own after tooltap stops (to share it, or to open it elsewhere), the
+    .db file must hold every turn: no write-ahead log is left beside it."""
+    tt = start(tmp_path, "--upstream", upstream)
+    clients = Clients(tt.url)
+    for i in range(5):
+        clients.ask("/short", f"short-{i}")
+    await clients.answers()
+    await asyncio.to_thread(lambda: httpx.get(tt.url + "/_tooltap/api/sessions", timeout=5))  # the inspector reads
+    tt.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(tt.wait, 10) == 0
+    assert not os.path.exists(f"{tt.db}-wal"), os.path.getsize(f"{tt.db}-wal")
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(tt.db.read_bytes())
+    with sqlite3.connect(copy) as conn:
+        assert conn.execute("select count(*) from turns").fetchone()[0] == 5

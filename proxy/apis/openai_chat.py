@@ -263,11 +263,7 @@ class ChatAssembler:
         if type(choices) is list:
             for choice in choices:
                 if type(choice) is dict:
-                    index = choice.get("index", 0)
-                    state = self._choices.get(index) if type(index) is int else None
-                    if state is None:
-                        state = self._choice(index)
-                    state.feed(choice)
+                    self._choice(choice.get("index", 0)).feed(choice)
 
     def _envelope(self, chunk: dict[str, Any]) -> None:
         error = chunk.get("error")

@@ -246,7 +246,8 @@ FREQS_SECONDS = 300.0
 _freqs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (read at, freqs)
 _POSTGRES_FREQS = text("SELECT tablename, attname, most_common_elems::text::text[], most_common_elem_freqs "
                        "FROM pg_stats WHERE schemaname = current_schema() AND most_common_elems IS NOT NULL")
-_POSTGRES_LEXEMES = text("SELECT tsvector_to_array(tooltap_search_words(:t))")
+_POSTGRES_LEXEMES = text("SELECT tsvector_to_array(tooltap_search_words(t)) "
+                         "FROM unnest(CAST(:terms AS text[])) WITH ORDINALITY AS x(t, n) ORDER BY n")
 
 
 def _postgres_probes(conn, terms: list[str]) -> dict[str, str]:
@@ -255,7 +256,7 @@ def _postgres_probes(conn, terms: list[str]) -> dict[str, str]:
     freqs = _postgres_freqs(conn)
     if not freqs:
         return {}
-    lexemes = [conn.execute(_POSTGRES_LEXEMES, {"t": t}).scalar() or [] for t in terms]
+    lexemes = [words or [] for words in conn.execute(_POSTGRES_LEXEMES, {"terms": terms}).scalars()]
     probes = {}
     for place, where in _POSTGRES_WORDS.items():
         share = freqs.get(where, {})

@@ -160,12 +160,10 @@ def data_only(stream: bytes) -> list[bytes] | None:
     each ended by a blank line, LF line ends (as nearly every OpenAI-compatible server
     sends them): what SSEDecoder would give, found in one split and not yet decoded to
     text. None for any other stream, which takes the decoder."""
-    if b"\r" in stream:
+    if not stream:
+        return []
+    if not (stream.startswith(b"data: ") and stream.endswith(b"\n\n")) or b"\r" in stream:
         return None
-    blocks = stream.split(b"\n\n")
-    if blocks.pop() != b"":  # the last event must be ended too
-        return None
-    for block in blocks:
-        if block[:6] != b"data: " or b"\n" in block:
-            return None
-    return [block[6:] for block in blocks]
+    payloads = stream[6:-2].split(b"\n\ndata: ")
+    # Every line end accounted for by the events' own ends: no event has a second line.
+    return payloads if stream.count(b"\n") == 2 * len(payloads) else None

@@ -782,9 +782,34 @@ _payloads = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(payloads=st.lists(_payloads, max_size=25))
-def test_a_data_only_stream_assembles_the_same_either_way(payloads):
+# Texts that look like the bytes around them once encoded: quotes, backslashes, the
+# end of a delta, another delta, escapes written either way.
+_tricky = st.sampled_from(["", "a", '"', "\\", '\\"', '"}', '"},"logprobs":null', '","content":"x',
+                           "\u2028", "\U0001f326", "\x01", "é", '{"arguments":"'])
+_text = st.one_of(st.text(max_size=6), _tricky, st.lists(_tricky, max_size=3).map("".join))
+_dumps = st.sampled_from([
+    lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":")),  # OpenAI's bytes
+    lambda obj: json.dumps(obj),  # spaces, \u escapes
+])
+
+
+def _padded(obj: dict, pad: str | None) -> dict:
+    return obj if pad is None else {**obj, "obfuscation": pad}
+
+
+_padding = st.one_of(st.none(), st.text(max_size=4), _tricky)
+_chunk_shapes = st.one_of(
+    st.builds(lambda key, text: chunk(choice({key: text})), st.sampled_from(["content", "reasoning_content"]), _text),
+    st.builds(lambda i, args: chunk(calls(call(i, args=args))), st.sampled_from([0, 1, 0.0, True]), _text),
+    st.builds(lambda i, id: chunk(calls(call(i, id, "tool", ""))), st.integers(0, 1), st.sampled_from(["c1", "c2"])),
+    st.builds(lambda fp: chunk(choice({"content": "."}), system_fingerprint=fp), st.sampled_from(["fp_1", "fp_2"])),
+    st.just(chunk(choice({"role": "assistant", "content": ""}))),
+    st.just(chunk(choice({}, finish="stop"))),
+)
+_openai_payloads = st.builds(lambda obj, pad, dumps: dumps(_padded(obj, pad)).encode(), _chunk_shapes, _padding, _dumps)
+
+
+def _same_either_way(payloads: list[bytes]) -> ChatAssembler:
     stream = b"".join(b"data: " + p + b"\n\n" for p in payloads)
     assert data_only(stream) is not None  # the way under test is taken
     whole, decoded = StreamAssembly(API, None), StreamAssembly(API, None)
@@ -793,3 +818,37 @@ def test_a_data_only_stream_assembles_the_same_either_way(payloads):
     a, b = whole._assembler, decoded._assembler
     assert a.result() == b.result()
     assert (a.error, a.unparsed, a.done, a.chunks) == (b.error, b.unparsed, b.done, b.chunks)
+    return a
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads=st.lists(_payloads, max_size=25))
+def test_a_data_only_stream_assembles_the_same_either_way(payloads):
+    _same_either_way(payloads)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads=st.lists(_openai_payloads, max_size=30), repeats=st.lists(st.integers(1, 4), max_size=30))
+def test_chunks_read_by_their_shape_assemble_as_chunks_parsed_whole(payloads, repeats):
+    """Runs of chunks of one shape (the fast way) with every kind of text in them,
+    OpenAI's padding or not, compact or spaced, and shapes that change under them."""
+    _same_either_way([p for p, n in zip(payloads, repeats + [1] * len(payloads)) for _ in range(n)])
+
+
+def test_fragments_whose_index_is_not_an_int_go_to_the_last_call_either_way():
+    start = [chunk(calls(call(0, "c0", "a", ""))), chunk(calls(call(1, "c1", "b", "")))]
+    fragments = [chunk(calls(call(0.0, args=piece))) for piece in ("x", "y", "z")]
+    asm = _same_either_way([json.dumps(c).encode() for c in start + fragments])
+    assert [c["function"]["arguments"] for c in asm.result()["choices"][0]["message"]["tool_calls"]] == ["", "xyz"]
+
+
+def test_a_run_of_text_chunks_is_parsed_whole_once(monkeypatch):
+    merged = []
+    merge = ChatAssembler._chunk
+    monkeypatch.setattr(ChatAssembler, "_chunk", lambda self, c, e: (merged.append(c), merge(self, c, e)))
+    texts = [f"piece {i} \"quoted\" \\ " for i in range(50)]
+    payloads = [json.dumps(_padded(chunk(choice({"content": t})), "x" * (i % 7)), separators=(",", ":")).encode()
+                for i, t in enumerate(texts)]
+    asm = _same_either_way([*payloads, b"[DONE]"])
+    assert asm.result()["choices"][0]["message"]["content"] == "".join(texts) and asm.chunks == 50
+    assert len(merged) == 1 + 50  # the first chunk only; the decoded way compared against merges all 50

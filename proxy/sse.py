@@ -159,7 +159,17 @@ def data_only(stream: bytes) -> list[bytes] | None:
     """The data of every event of a whole stream made of one-line `data: ` events only,
     each ended by a blank line, LF line ends (as nearly every OpenAI-compatible server
     sends them): what SSEDecoder would give, found in one split and not yet decoded to
-    text. None for any other stream, which takes the decoder."""
+    text. Comment lines before the first event (keep-alive pings: DeepSeek, OpenRouter)
+    dispatch nothing and are passed over. None for any other stream, which takes the
+    decoder."""
+    start = 0
+    while stream.startswith(b":", start):
+        end = stream.find(b"\n", start)
+        if end < 0 or stream[end + 1:end + 2] != b"\n":  # a comment line within an event's lines
+            return None
+        start = end + 2
+    if start:
+        stream = stream[start:]
     if not stream:
         return []
     if not (stream.startswith(b"data: ") and stream.endswith(b"\n\n")) or b"\r" in stream:

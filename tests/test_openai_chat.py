@@ -141,6 +141,20 @@ def test_fixture_reassembles_exactly(turn):
     assert asm.done and asm.error is None and asm.unparsed == []
 
 
+@pytest.mark.parametrize("turn", TURNS)
+def test_fixture_reassembles_exactly_the_writers_way(turn, monkeypatch):
+    """A whole stream, as the writer assembles it: its keep-alive comments passed over,
+    most of its chunks read by their shape."""
+    merged = []
+    merge = ChatAssembler._chunk
+    monkeypatch.setattr(ChatAssembler, "_chunk", lambda self, c, e: (merged.append(c), merge(self, c, e)))
+    whole = StreamAssembly(API, None)
+    whole.feed_stream(sse_bytes(turn))
+    asm = whole._assembler
+    assert asm.result() == load(turn, "expected_completion.json") and asm.done
+    assert len(merged) < asm.chunks / 5
+
+
 @settings(max_examples=40, deadline=None)
 @given(turn=st.sampled_from(TURNS), cuts=st.lists(st.integers(min_value=0), max_size=60))
 def test_fixture_reassembles_exactly_under_any_chunking(turn, cuts):

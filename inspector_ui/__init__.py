@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager, nullcontext
 from http import HTTPStatus
 from pathlib import Path
 
@@ -21,7 +22,15 @@ def create_inspector(tooltap, lifespan=None) -> FastAPI:
     from .queries import Queries
     from .security import Guard
 
-    app = FastAPI(title="tooltap", lifespan=lifespan, docs_url=None, redoc_url=None,
+    @asynccontextmanager
+    async def lifespan_then_close(app: FastAPI):
+        async with lifespan(app) if lifespan else nullcontext():
+            yield
+        # Its own connections last: on SQLite the last one closed moves the write-ahead
+        # log into the file, which then holds every turn on its own.
+        app.state.reader.close()
+
+    app = FastAPI(title="tooltap", lifespan=lifespan_then_close, docs_url=None, redoc_url=None,
                   openapi_url="/_tooltap/api/openapi.json")
     app.state.tooltap = tooltap
     app.state.reader = Reader(make_engine(tooltap.settings.db_url))

@@ -56,9 +56,6 @@ class TooltapApp:
             await self.client.close()
             # In a thread: the live stream and anything else still on the loop keep going.
             await asyncio.to_thread(self.writer.close, self._writer_time())
-            # The inspector's connections too: on SQLite the last one closed moves the
-            # write-ahead log into the file, which then holds every turn on its own.
-            self.inspector.state.reader.engine.dispose()
 
     def _writer_time(self) -> float:
         """Seconds the writer may take to store what it holds before the rest is spooled."""

@@ -16,7 +16,6 @@ from sqlmodel import Session as DB, select
 
 from .. import apis
 from . import content
-from .db import make_engine
 from .models import Blob, Session, ToolCallRow, Turn
 
 CHAIN_QUERY = text(
@@ -50,6 +49,9 @@ class Reader:
         do not change them."""
         self.engine = engine
         self._blobs: dict[str, Any] | None = {} if cache_blobs else None
+
+    def close(self) -> None:
+        self.engine.dispose()
 
     # -- sessions --------------------------------------------------------------------
 

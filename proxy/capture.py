@@ -22,7 +22,7 @@ from typing import Any
 from . import apis
 from .live import GROW_SECONDS, LiveHub
 from .secrets import redact_headers
-from .sse import SSEDecoder, data_only
+from .sse import SSEDecoder, data_only, named_events
 
 RAW_IN_MEMORY = 2 * 1024 * 1024
 TIMELINE_MAX = 4096  # chunk arrivals kept per turn; later ones are dropped from the timeline only
@@ -177,17 +177,20 @@ class StreamAssembly:
             self._fail(exc)
 
     def feed_stream(self, stream: bytes) -> None:
-        """A whole stream at once. A stream of one-line data events only (sse.data_only)
-        skips the SSE decoder when the assembler can take their data undecoded."""
-        feed_data = getattr(self._assembler, "feed_data", None)
-        payloads = None
-        if feed_data is not None and self._decompress is None and self._sse is not None:
-            payloads = data_only(stream)
-        if payloads is None:
+        """A whole stream at once. A stream of simple events (one data line each, and
+        perhaps an event line: sse.data_only, sse.named_events) skips the SSE decoder when
+        the assembler can take their data undecoded."""
+        assembler, events, feed = self._assembler, None, None
+        if self._decompress is None and self._sse is not None:
+            if hasattr(assembler, "feed_data"):
+                events, feed = data_only(stream), assembler.feed_data
+            elif hasattr(assembler, "feed_events"):
+                events, feed = named_events(stream), assembler.feed_events
+        if events is None:
             self.feed(stream)
             return
         try:
-            feed_data(payloads)
+            feed(events)
         except Exception as exc:
             self._fail(exc)
 

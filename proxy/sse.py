@@ -10,6 +10,7 @@ dispatched by `close()`: llama.cpp ends its streams that way.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 
@@ -162,14 +163,9 @@ def data_only(stream: bytes) -> list[bytes] | None:
     text. Comment lines before the first event (keep-alive pings: DeepSeek, OpenRouter)
     dispatch nothing and are passed over. None for any other stream, which takes the
     decoder."""
-    start = 0
-    while stream.startswith(b":", start):
-        end = stream.find(b"\n", start)
-        if end < 0 or stream[end + 1:end + 2] != b"\n":  # a comment line within an event's lines
-            return None
-        start = end + 2
-    if start:
-        stream = stream[start:]
+    stream = _after_comments(stream)
+    if stream is None:
+        return None
     if not stream:
         return []
     if not (stream.startswith(b"data: ") and stream.endswith(b"\n\n")) or b"\r" in stream:
@@ -177,3 +173,29 @@ def data_only(stream: bytes) -> list[bytes] | None:
     payloads = stream[6:-2].split(b"\n\ndata: ")
     # Every line end accounted for by the events' own ends: no event has a second line.
     return payloads if stream.count(b"\n") == 2 * len(payloads) else None
+
+
+def named_events(stream: bytes) -> list[tuple[bytes, bytes]] | None:
+    """As data_only, for a stream whose every event names its type on a line before its
+    one data line (`event: NAME`, as Anthropic sends them): (type, data) pairs, both
+    not yet decoded (an empty type is "message"). None for any other stream."""
+    stream = _after_comments(stream)
+    if stream is None or b"\r" in stream or not _NAMED_EVENTS.fullmatch(stream):
+        return None
+    lines = stream.split(b"\n")  # event, data, blank, event, data, blank, ..., ""
+    return list(zip([line[7:] for line in lines[0::3]], [line[6:] for line in lines[1::3]]))
+
+
+_NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)*")
+
+
+def _after_comments(stream: bytes) -> bytes | None:
+    """The stream after the comment lines before its first event, each a block of its
+    own; None if a comment line is one of an event's lines."""
+    start = 0
+    while stream.startswith(b":", start):
+        end = stream.find(b"\n", start)
+        if end < 0 or stream[end + 1:end + 2] != b"\n":
+            return None
+        start = end + 2
+    return stream[start:] if start else stream

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.apis import by_name, detect
-from proxy.apis.anthropic_messages import API
-from proxy.sse import Event
+from proxy.apis.anthropic_messages import API, MessagesAssembler
+from proxy.capture import StreamAssembly
+from proxy.sse import Event, named_events
 from tests.streams import assemble_cut
 
 MODEL = "claude-sonnet-4-5-20250929"
@@ -409,3 +410,66 @@ def test_usage_and_model():
     assert API.usage(TOOL_EXPECTED) == TOOL_EXPECTED["usage"]
     assert API.model({"model": "claude-alias"}, TOOL_EXPECTED) == MODEL
     assert API.model({"model": "claude-alias"}, None) == "claude-alias"
+
+
+# --- a whole stream, its data not decoded first (the writer's way) ---------------------
+
+# Texts that look like the bytes around them once encoded.
+_tricky = st.sampled_from(["", "a", '"', "\\", '\\"', '"}}', '","text":"x', "\u2028", "\U0001f326", "\x01", "é"])
+_piece = st.one_of(st.text(max_size=6), _tricky, st.lists(_tricky, max_size=3).map("".join))
+_dumps = st.sampled_from([lambda e: json.dumps(e, ensure_ascii=False, separators=(",", ":")), json.dumps])
+_events = st.one_of(
+    st.builds(lambda i, text: delta(i, type="text_delta", text=text), st.integers(0, 1), _piece),
+    st.builds(lambda i, part: delta(i, type="input_json_delta", partial_json=part), st.integers(0, 1), _piece),
+    st.builds(lambda i, text: delta(i, type="thinking_delta", thinking=text), st.integers(0, 1), _piece),
+    st.builds(lambda i: start(i, {"type": "text", "text": ""}), st.integers(0, 1)),
+    st.builds(lambda i: start(i, {"type": "tool_use", "id": "t", "name": "n", "input": {}}), st.integers(0, 1)),
+    st.builds(stop, st.integers(0, 1)),
+    st.just(PING), st.just(message_delta("end_turn", output_tokens=3)),
+)
+
+
+def _same_either_way(raw: bytes):
+    assert named_events(raw) is not None  # the way under test is taken
+    whole = StreamAssembly(API, None)
+    whole.feed_stream(raw)
+    decoded = assemble(raw)
+    assert whole._assembler.result() == decoded.result() and whole._assembler.error == decoded.error
+    return whole._assembler
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=st.lists(st.tuples(_events, _dumps, st.integers(1, 4)), max_size=30))
+def test_deltas_read_by_their_shape_assemble_as_events_parsed_whole(events):
+    """Runs of deltas of one shape (the fast way) with every kind of text in them, and
+    blocks started and stopped under them."""
+    stream = [message_start()] + [e for e, _, n in events for _ in range(n)]
+    dumps = [d for _, d, n in events for _ in range(n)]
+    raw = b"".join(f"event: {e['type']}\ndata: {d(e) if d else json.dumps(e)}\n\n".encode()
+                   for e, d in zip(stream, [None] + dumps))
+    _same_either_way(raw)
+
+
+def test_a_run_of_text_deltas_is_parsed_whole_once(monkeypatch):
+    parsed = []
+    merge = MessagesAssembler._event
+    monkeypatch.setattr(MessagesAssembler, "_event", lambda self, p, n: (parsed.append(p), merge(self, p, n)))
+    texts = [f"word {i} \"quoted\" \\ " for i in range(50)]
+    raw = encode([message_start(), start(0, {"type": "text", "text": ""}),
+                  *[delta(0, type="text_delta", text=t) for t in texts], stop(0), MESSAGE_STOP])
+    whole = StreamAssembly(API, None)
+    whole.feed_stream(raw)
+    assert whole._assembler.result()["content"] == [{"type": "text", "text": "".join(texts)}]
+    assert len(parsed) == 2 + 1 + 2  # start, its block, the first delta, stop, message_stop
+
+
+def test_deltas_after_their_block_stopped_are_dropped_the_writers_way_too():
+    late = [delta(0, type="text_delta", text=t) for t in ("late", "r", "!")]
+    asm = _same_either_way(encode([message_start(), start(0, {"type": "text", "text": ""}),
+                                   delta(0, type="text_delta", text="on time"), stop(0), *late]))
+    assert asm.result()["content"] == [{"type": "text", "text": "on time"}]
+
+
+def test_the_fixture_streams_assemble_the_same_the_writers_way():
+    for events in (TOOL_STREAM, SEARCH_STREAM):
+        _same_either_way(encode(events))

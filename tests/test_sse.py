@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sse import Event, SSEDecoder, data_only
+from proxy.sse import Event, SSEDecoder, data_only, named_events
 
 
 def decode(*chunks: bytes) -> list[Event]:
@@ -189,6 +189,33 @@ def test_data_only_gives_what_the_decoder_gives_or_nothing(stream):
     payloads = data_only(stream)
     if payloads is not None:
         assert [Event(p.decode("utf-8", errors="replace")) for p in payloads] == decode(stream)
+
+
+_names = st.sampled_from([b"content_block_delta", b"", b"ping", b"\xff\xfe", b"caf\xc3\xa9", b" spaced "])
+_named_blocks = st.builds(lambda name, line: b"event: " + name + b"\n" + line + b"\n\n", _names,
+                          _lines.filter(lambda l: l.startswith(b"data: ")))
+
+
+_named_streams = st.tuples(st.lists(st.just(b": keep-alive\n\n"), max_size=2), st.lists(_named_blocks, max_size=20)).map(
+    lambda parts: b"".join(parts[0]) + b"".join(parts[1]))
+_not_named = st.sampled_from([b"data: a\n\n", b"event: a\n\n", b"event: a\ndata: b\n", b": x\nevent: a\ndata: b\n\n"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=_streams | _named_streams | st.tuples(_named_streams, _not_named, _named_streams).map(b"".join))
+def test_named_events_give_what_the_decoder_gives_or_nothing(stream):
+    events = named_events(stream)
+    if events is not None:
+        assert [Event(d.decode("utf-8", errors="replace"), n.decode("utf-8", errors="replace") or "message")
+                for n, d in events] == decode(stream)
+
+
+def test_named_events_take_only_streams_whose_every_event_is_named():
+    assert named_events(b": ping\n\nevent: a\ndata: {}\n\nevent: \ndata: x\n\n") == [(b"a", b"{}"), (b"", b"x")]
+    assert named_events(b"") == []
+    for other in [b"event: a\ndata: b\n\ndata: c\n\n", b"event: a\ndata: b\n", b"event: a\r\ndata: b\r\n\r\n",
+                  b"event: a\n\n", b"event: a\ndata: b\ndata: c\n\n", b"event:a\ndata: b\n\n"]:
+        assert named_events(other) is None, other
 
 
 def test_data_only_takes_only_one_line_data_events_with_lf_ends():

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from ..sse import Event
 from . import register
 from .base import RequestKeys, ToolCall, WireAPIBase, event_json
+from .shapes import Shape
 
 # Blocks whose `input` arrives as `input_json_delta` fragments and that are tool calls.
 TOOL_USE_TYPES = ("tool_use", "server_tool_use", "mcp_tool_use")
@@ -76,13 +79,48 @@ class MessagesAssembler:
         self._usage: dict[str, Any] = {}
 
     def feed(self, event: Event) -> None:
-        payload = event_json(event.data)  # tool input streams as partial_json strings
+        self._event(event_json(event.data), event.event)  # tool input streams as partial_json strings
+
+    def feed_events(self, events: list[tuple[bytes, bytes]]) -> None:
+        """A whole stream's events by type and data, not yet decoded to text
+        (sse.named_events): as if each were fed as an Event, without the decoding. A
+        delta that is the last one's bytes with another piece in them is read as that
+        piece alone (shapes.Shape)."""
+        shape = None
+        for name, data in events:
+            if shape is not None:
+                piece = shape.piece(data)
+                if piece is not None:
+                    shape.pieces.append(piece)
+                    continue
+            name = name.decode("utf-8", errors="replace") or "message"
+            try:
+                payload = orjson.loads(data)
+            except ValueError:  # not JSON, or not UTF-8: as an Event, decoded as the decoder would
+                shape = None
+                self.feed(Event(data.decode("utf-8", errors="replace"), name))
+                continue
+            self._event(payload, name)
+            shape = self._shape(data, payload)
+
+    def _event(self, payload: Any, name: str) -> None:
         if not isinstance(payload, dict):  # not JSON: nothing this API defines
             return
-        kind = payload.get("type") or event.event
-        handler = _HANDLERS.get(kind)
+        handler = _HANDLERS.get(payload.get("type") or name)
         if handler is not None:
             handler(self, payload)
+
+    def _shape(self, data: bytes, payload: dict[str, Any]) -> Shape | None:
+        """The shape of a delta just merged that added one piece to a block still open."""
+        delta = payload.get("delta")
+        if payload.get("type") != "content_block_delta" or type(delta) is not dict or len(delta) != 2:
+            return None
+        found = _DELTA_PIECES.get(delta.get("type"))
+        block = self._blocks.get(payload.get("index", -1))
+        if found is None or block is None or block.stopped or type(delta.get(found[0])) is not str:
+            return None
+        key, pieces_of = found
+        return Shape.learn(data, _delta_of, key, pieces_of(block), keeps_empty=True)
 
     def _message_start(self, payload: dict[str, Any]) -> None:
         message = dict(payload.get("message") or {})
@@ -135,6 +173,18 @@ class MessagesAssembler:
         if self._usage or "usage" in message:
             message["usage"] = dict(self._usage)
         return message
+
+
+# The deltas that add a piece of text to their block: the field and where it goes.
+_DELTA_PIECES = {
+    "text_delta": ("text", lambda block: block.text),
+    "input_json_delta": ("partial_json", lambda block: block.json),
+    "thinking_delta": ("thinking", lambda block: block.thinking),
+}
+
+
+def _delta_of(payload: dict[str, Any]) -> dict[str, Any]:
+    return payload["delta"]
 
 
 _HANDLERS = {

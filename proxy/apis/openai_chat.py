@@ -9,7 +9,6 @@ kept as lists of pieces and joined in result().
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -17,6 +16,7 @@ import orjson
 from ..sse import Event
 from . import register
 from .base import RequestKeys, ToolCall, WireAPIBase, event_json
+from .shapes import Shape
 
 # Delta fields that are text streamed in pieces. A field is kept on the message only if
 # some delta carried it, so each provider's own shape comes back (DeepSeek sends no
@@ -210,95 +210,12 @@ class _Choice:
         return out
 
 
-class _Shape:
-    """A chunk's bytes around its one piece of text (and around OpenAI's `obfuscation`,
-    padding that changes on every chunk), so that the chunks after it that differ only
-    there are read as that piece: most chunks of a stream, without parsing all of each.
-
-    Sound by construction: a JSON string literal put in place of another is the same
-    document with another string there. So a chunk is taken only when each part taken
-    for a string is exactly one string literal, and a shape only when a probe (the
-    learned bytes around other literals) parses as the chunk it was learned from."""
-
-    __slots__ = ("prefix", "middle", "suffix", "pieces", "keeps_empty")
-
-    def __init__(self, prefix: bytes, middle: bytes | None, suffix: bytes, pieces: list[str], keeps_empty: bool):
-        self.prefix, self.middle, self.suffix = prefix, middle, suffix
-        self.pieces = pieces  # where the text goes, as _Choice or _Call would put it
-        self.keeps_empty = keeps_empty  # "" is a piece of text, but not of a call's arguments
-
-    @classmethod
-    def of(cls, payload: bytes, key: str, pieces: list[str], keeps_empty: bool) -> "_Shape | None":
-        parsed = orjson.loads(payload)  # afresh: merging took the choices out of the chunk
-        padding = parsed.get("obfuscation")
-        pad = _last_literal(payload, "obfuscation") if type(padding) is str else None
-        if type(padding) is str and pad is None:
-            return None
-        text = _last_literal(payload, key, end=pad[0] if pad else len(payload))
-        if text is None:
-            return None
-        if pad is None:
-            shape = cls(payload[:text[0]], None, payload[text[1]:], pieces, keeps_empty)
-        else:
-            shape = cls(payload[:text[0]], payload[text[1]:pad[0]], payload[pad[1]:], pieces, keeps_empty)
-        # The probe: what a chunk of this shape with other strings in it must parse as.
-        where = parsed["choices"][0]["delta"]
-        if key == "arguments":
-            where = where["tool_calls"][0]["function"]
-        where[key] = "\x01"
-        probe = shape.prefix + b'"\\u0001"'
-        if pad is not None:
-            parsed["obfuscation"] = "\x02"
-            probe += shape.middle + b'"\\u0002"'
-        try:
-            same = orjson.loads(probe + shape.suffix) == parsed
-        except ValueError:
-            same = False
-        return shape if same else None
-
-    def piece(self, payload: bytes) -> str | None:
-        """The text of a chunk of this shape; None if it is not one."""
-        prefix, suffix = self.prefix, self.suffix
-        end = len(payload) - len(suffix)
-        if end <= len(prefix) or not payload.startswith(prefix) or not payload.endswith(suffix):
-            return None
-        if self.middle is None:
-            literal = payload[len(prefix):end]
-        else:
-            at = payload.find(self.middle, len(prefix), end)
-            if at < 0 or not _one_string(payload[at + len(self.middle):end]):
-                return None
-            literal = payload[len(prefix):at]
-        try:
-            text = orjson.loads(literal)
-        except ValueError:
-            return None
-        return text if type(text) is str else None
+def _delta_of(chunk: dict[str, Any]) -> dict[str, Any]:
+    return chunk["choices"][0]["delta"]
 
 
-def _one_string(literal: bytes) -> bool:
-    try:
-        return type(orjson.loads(literal)) is str
-    except ValueError:
-        return False
-
-
-def _last_literal(payload: bytes, key: str, end: int | None = None) -> tuple[int, int] | None:
-    """Where the last `"key": "..."` before `end` has its string literal (quotes included)."""
-    found = None
-    for m in re.finditer(rb'"' + key.encode() + rb'"\s*:\s*"', payload[:end]):
-        start = close = m.end() - 1
-        while True:  # the literal ends at the first quote not escaped by a backslash
-            close = payload.find(b'"', close + 1)
-            if close < 0:
-                return found
-            escapes = 0
-            while payload[close - 1 - escapes] == 0x5C:
-                escapes += 1
-            if escapes % 2 == 0:
-                break
-        found = (start, close + 1)
-    return found
+def _arguments_of(chunk: dict[str, Any]) -> dict[str, Any]:
+    return chunk["choices"][0]["delta"]["tool_calls"][0]["function"]
 
 
 class ChatAssembler:
@@ -328,7 +245,7 @@ class ChatAssembler:
     def feed_data(self, payloads: list[bytes]) -> None:
         """Default-type events by their data, not yet decoded to text (sse.data_only): as
         if each were fed as an Event, without the decoding. A chunk that is the last one's
-        bytes with another piece of text in them is read as that piece alone (_Shape)."""
+        bytes with another piece of text in them is read as that piece alone (shapes.Shape)."""
         shape = None
         for payload in payloads:
             if self.done:
@@ -352,7 +269,7 @@ class ChatAssembler:
                 shape = None
                 self.feed(Event(payload.decode("utf-8", errors="replace")))
 
-    def _shape(self, payload: bytes, chunk: dict[str, Any], choices: Any) -> "_Shape | None":
+    def _shape(self, payload: bytes, chunk: dict[str, Any], choices: Any) -> Shape | None:
         """The shape of a chunk just merged, if it is one piece of text for one choice: a
         text field, or a tool call's next arguments."""
         if chunk.get("error") is not None or type(choices) is not list or len(choices) != 1:
@@ -364,13 +281,14 @@ class ChatAssembler:
         choice = self._choice(one.get("index", 0))
         (key, value), = delta.items()
         if key in _TEXT_FIELDS and type(value) is str:
-            return _Shape.of(payload, key, choice.text[key], keeps_empty=True)
+            return Shape.learn(payload, _delta_of, key, choice.text[key], keeps_empty=True, padding="obfuscation")
         if key == "tool_calls" and type(value) is list and len(value) == 1 and type(entry := value[0]) is dict:
             index = entry.get("index")  # an index that is not an int means the last call, not this one
             call = choice.by_index.get(index) if type(index) is int else None
             if call is not None and entry.keys() == {"index", "function"} and type(fn := entry["function"]) is dict \
                     and fn.keys() == {"arguments"} and type(fn["arguments"]) is str:
-                return _Shape.of(payload, "arguments", call.args, keeps_empty=False)
+                return Shape.learn(payload, _arguments_of, "arguments", call.args, keeps_empty=False,
+                                   padding="obfuscation")
         return None
 
     def _chunk(self, chunk: dict[str, Any], event: str) -> None:

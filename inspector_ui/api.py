@@ -87,7 +87,8 @@ def raw(request: Request, turn_id: int):
         # a <script src> of another captured page: served as text, the type kept aside.
         headers["x-tooltap-content-type"] = content_type
         content_type = "text/plain; charset=utf-8"
-    return Response(body, media_type=content_type, headers=headers)
+    # As a header, not a media type: Starlette would add a charset to a text/ type.
+    return Response(body, headers={**headers, "content-type": content_type})
 
 
 _ACTIVE = ("html", "javascript", "ecmascript", "xml", "svg", "css")
@@ -109,10 +110,15 @@ def stats(request: Request, days: int = Query(7, ge=1, le=366)):
     return store_stats(_reader(request).engine, days=days).to_json()
 
 
+STALLED_AFTER = 5.0  # seconds with turns waiting and none stored
+
+
 @router.get("/health")
 def health(request: Request):
     """The writer's backlog (turns not yet in the database), the bytes waiting on disk
-    (journal and spool) and its recent rate; "degraded" while turns can only wait in memory."""
+    (journal and spool) and its recent rate; "degraded", with the problems in one line
+    each, while turns can only wait in memory, no writer runs, or none has been stored
+    for a while."""
     writer = request.app.state.tooltap.writer
     stats = writer.health() if hasattr(writer, "health") else {}
     problems = []
@@ -120,6 +126,9 @@ def health(request: Request):
         problems.append(f"{stats['held_in_memory']} turn(s) held in memory: the journal's disk cannot be written")
     if stats.get("alive") is False:
         problems.append("the writer process is not running")
+    if stats.get("stalled_s", 0) >= STALLED_AFTER:
+        problems.append(f"{stats['backlog']} turn(s) waiting and none stored for {stats['stalled_s']:.0f} s: the "
+                        "database is locked or slow, or the writer is storing a very large turn")
     return {"status": "degraded" if problems else "ok", "problems": problems, "writer": stats}
 
 

@@ -59,6 +59,12 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
             time.sleep(0.1)
         assert h["backlog"] == n and h["written"] == 1
         assert h["spool_bytes"] >= n * BODY  # on disk: the journal, then the spool
+        while (stuck := s.health())["status"] == "ok":  # said, once it has lasted a while
+            assert time.monotonic() < deadline + 15, stuck
+            time.sleep(0.2)
+        assert stuck["writer"]["stalled_s"] >= 5 and stuck["problems"] == [
+            f"{n} turn(s) waiting and none stored for {stuck['writer']['stalled_s']:.0f} s: the database is locked "
+            "or slow, or the writer is storing a very large turn"]
         after = rss_mb(s.proc.pid), rss_mb(writer)
         grown = [a - b for a, b in zip(after, before)]
         assert max(grown) < n * BODY / 2**20 / 3, (before, after)
@@ -68,6 +74,7 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
     assert rows == n + 1 and numbers_stored == list(range(n + 1))
     done = s.health()
     assert done["status"] == "ok" and done["writer"]["backlog"] == 0 and done["writer"]["written"] == n + 1
+    assert done["writer"]["stalled_s"] == 0
     assert done["writer"]["turns_per_s"] > 0
     s.stop()
 

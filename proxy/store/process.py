@@ -99,6 +99,7 @@ class WriterProcess:
         self.written = 0  # as of the child's last report, over every child so far
         self.spooled = 0
         self.rate = Rate()
+        self._quiet_since = time.monotonic()  # the last turn stored, or the last moment none waited
         self._process: Any = None
         self._listener: threading.Thread | None = None
         self._flushes: dict[int, tuple[threading.Event, Position]] = {}
@@ -190,9 +191,12 @@ class WriterProcess:
     def health(self) -> dict:
         """For /_tooltap/api/health: what waits, where, and how fast it goes."""
         journal_turns, journal_bytes = self.journal.backlog(self._confirmed)
+        backlog = self.journal.pending() + journal_turns + self._child[2]
         process = self._process
         return {
-            "backlog": self.journal.pending() + journal_turns + self._child[2],
+            "backlog": backlog,
+            # How long turns have waited with none stored: a locked database, or one huge turn.
+            "stalled_s": round(time.monotonic() - self._quiet_since, 1) if backlog else 0.0,
             "spool_bytes": journal_bytes + self.spool.size(),
             "turns_per_s": self.rate.per_second(),
             "written": self.written,
@@ -215,6 +219,8 @@ class WriterProcess:
                 kind, payload = self._outbox.get(timeout=1.0)
             except queue.Empty:
                 self._revive()
+                if not self._backlog():
+                    self._quiet_since = time.monotonic()
                 continue
             if kind == "closed":
                 return
@@ -235,8 +241,13 @@ class WriterProcess:
                 if done is not None:
                     done[0].set()
 
+    def _backlog(self) -> int:
+        return self.journal.pending() + self.journal.backlog(self._confirmed)[0] + self._child[2]
+
     def _note(self, written: int, spooled: int, spool_turns: int) -> None:
         self._child = (written, spooled, spool_turns)
+        if self._base[0] + written != self.written:
+            self._quiet_since = time.monotonic()
         self.written, self.spooled = self._base[0] + written, self._base[1] + spooled
         self.rate.note(self.written)
 

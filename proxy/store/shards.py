@@ -90,4 +90,5 @@ class Writers:
                  for key in ("backlog", "spool_bytes", "turns_per_s", "written", "spooled", "held_in_memory",
                              "lost", "journal_bytes", "memory_bound_bytes")}
         total["turns_per_s"] = round(total["turns_per_s"], 2)
+        total["stalled_s"] = max(h["stalled_s"] for h in each)
         return {**each[0], **total, "alive": all(h["alive"] for h in each), "writers": len(each), "each": each}

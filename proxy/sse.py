@@ -161,18 +161,20 @@ def data_only(stream: bytes) -> list[bytes] | None:
     each ended by a blank line, LF line ends (as nearly every OpenAI-compatible server
     sends them): what SSEDecoder would give, found in one split and not yet decoded to
     text. Comment lines before the first event (keep-alive pings: DeepSeek, OpenRouter)
-    dispatch nothing and are passed over. None for any other stream, which takes the
-    decoder."""
+    dispatch nothing and are passed over; a stream cut short ends with what its last
+    event got, as the decoder's close() gives it. None for any other stream, which
+    takes the decoder."""
     stream = _after_comments(stream)
     if stream is None:
         return None
     if not stream:
         return []
-    if not (stream.startswith(b"data: ") and stream.endswith(b"\n\n")) or b"\r" in stream:
+    if not stream.startswith(b"data: ") or b"\r" in stream:
         return None
-    payloads = stream[6:-2].split(b"\n\ndata: ")
+    end = 2 if stream.endswith(b"\n\n") else 1 if stream.endswith(b"\n") else 0  # 0, 1: cut short
+    payloads = stream[6:len(stream) - end].split(b"\n\ndata: ")
     # Every line end accounted for by the events' own ends: no event has a second line.
-    return payloads if stream.count(b"\n") == 2 * len(payloads) else None
+    return payloads if stream.count(b"\n") == 2 * (len(payloads) - 1) + end else None
 
 
 def named_events(stream: bytes) -> list[tuple[bytes, bytes]] | None:

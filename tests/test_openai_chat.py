@@ -849,6 +849,22 @@ def test_chunks_read_by_their_shape_assemble_as_chunks_parsed_whole(payloads, re
     _same_either_way([p for p, n in zip(payloads, repeats + [1] * len(payloads)) for _ in range(n)])
 
 
+@pytest.mark.parametrize("turn", TURNS)
+def test_a_stream_cut_short_assembles_the_same_the_writers_way(turn):
+    """A stream cut anywhere near its end (a stop, a dropped upstream) is read the fast
+    way, its last event as far as it came, and gives what the decoder gives."""
+    data = sse_bytes(turn)
+    for cut in range(1, 60, 3):
+        stream = data[:-cut]
+        assert data_only(stream) is not None or not stream.rstrip(b"\n").rpartition(b"\n")[2].startswith(b"data: ")
+        whole = StreamAssembly(API, None)
+        whole.feed_stream(stream)
+        for event in whole._sse.close():  # what finish() does: nothing, if the decoder was not used
+            whole._assembler.feed(event)
+        a, b = whole._assembler, assemble_bytes([stream])
+        assert (a.result(), a.unparsed, a.done, a.chunks) == (b.result(), b.unparsed, b.done, b.chunks), cut
+
+
 def test_fragments_whose_index_is_not_an_int_go_to_the_last_call_either_way():
     start = [chunk(calls(call(0, "c0", "a", ""))), chunk(calls(call(1, "c1", "b", "")))]
     fragments = [chunk(calls(call(0.0, args=piece))) for piece in ("x", "y", "z")]

@@ -180,7 +180,7 @@ def data_only(stream: bytes) -> list[bytes] | None:
 def named_events(stream: bytes) -> list[tuple[bytes, bytes]] | None:
     """As data_only, for a stream whose every event names its type on a line before its
     one data line (`event: NAME`, as Anthropic sends them): (type, data) pairs, both
-    not yet decoded (an empty type is "message"). None for any other stream."""
+    not yet decoded (an empty type means "message"). None for any other stream."""
     stream = _after_comments(stream)
     if stream is None or b"\r" in stream or not _NAMED_EVENTS.fullmatch(stream):
         return None

@@ -180,7 +180,8 @@ def data_only(stream: bytes) -> list[bytes] | None:
 def named_events(stream: bytes) -> list[tuple[bytes, bytes]] | None:
     """As data_only, for a stream whose every event names its type on a line before its
     one data line (`event: NAME`, as Anthropic sends them): (type, data) pairs, both
-    not yet decoded (an empty type means "message"). None for any other stream."""
+    not yet decoded (an empty type means "message"); a stream cut short within its last
+    data line ends with what that event got. None for any other stream."""
     stream = _after_comments(stream)
     if stream is None or b"\r" in stream or not _NAMED_EVENTS.fullmatch(stream):
         return None
@@ -188,7 +189,7 @@ def named_events(stream: bytes) -> list[tuple[bytes, bytes]] | None:
     return list(zip([line[7:] for line in lines[0::3]], [line[6:] for line in lines[1::3]]))
 
 
-_NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)*")
+_NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)*(?:event: [^\n]*\ndata: [^\n]*\n?)?")
 
 
 def _after_comments(stream: bytes) -> bytes | None:

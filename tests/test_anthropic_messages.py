@@ -470,6 +470,21 @@ def test_deltas_after_their_block_stopped_are_dropped_the_writers_way_too():
     assert asm.result()["content"] == [{"type": "text", "text": "on time"}]
 
 
+def test_a_stream_cut_short_assembles_the_same_the_writers_way():
+    raw = encode(TOOL_STREAM)
+    taken = 0
+    for cut in range(1, 400, 7):
+        stream = raw[:-cut]
+        taken += named_events(stream) is not None
+        whole = StreamAssembly(API, None)
+        whole.feed_stream(stream)
+        for event in whole._sse.close():  # what finish() does: nothing, if the decoder was not used
+            whole._assembler.feed(event)
+        decoded = assemble(stream)
+        assert whole._assembler.result() == decoded.result() and whole._assembler.error == decoded.error, cut
+    assert taken > 20  # most cuts land in a data line: the fast way
+
+
 def test_the_fixture_streams_assemble_the_same_the_writers_way():
     for events in (TOOL_STREAM, SEARCH_STREAM):
         _same_either_way(encode(events))

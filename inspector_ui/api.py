@@ -119,7 +119,10 @@ def health(request: Request):
     (journal and spool) and its recent rate; "degraded", with the problems in one line
     each, while turns can only wait in memory, no writer runs, or none has been stored
     for a while."""
-    writer = request.app.state.tooltap.writer
+    return writer_health(request.app.state.tooltap.writer)
+
+
+def writer_health(writer) -> dict:
     stats = writer.health() if hasattr(writer, "health") else {}
     problems = []
     if stats.get("held_in_memory"):

@@ -15,6 +15,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from proxy.store.read import known_id
 
 from . import replays, transcript
+from .api import writer_health
 from .curl import as_curl, request_file_name
 from .longtext import clip
 from proxy.store.read import request_bytes
@@ -47,6 +48,8 @@ def sessions(request: Request, q: str = "", model: str = "", tool: str = "", ser
     return templates.TemplateResponse(request, "sessions.html", {
         "page": page, "filters": f, "facets": _queries(request).facets(),
         "total": _queries(request).session_count(), "after": after,
+        # Why the newest turns may be missing from the list: what /api/health says.
+        "store_problems": writer_health(request.app.state.tooltap.writer)["problems"],
     })
 
 

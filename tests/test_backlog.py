@@ -4,9 +4,13 @@ lost, and /_tooltap/api/health says how much waits where."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import threading
 import time
 from pathlib import Path
+
+import httpx
 
 from tests.conftest import locked_sqlite
 from tests.test_journal import reply, serve, stored  # noqa: F401 (serve: a fixture)
@@ -76,6 +80,30 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
     assert done["status"] == "ok" and done["writer"]["backlog"] == 0 and done["writer"]["written"] == n + 1
     assert done["writer"]["stalled_s"] == 0
     assert done["writer"]["turns_per_s"] > 0
+    s.stop()
+
+
+def test_a_writer_that_stores_nothing_is_said_on_the_sessions_page(tmp_path, upstream, serve):
+    """Why the newest turns are missing from the list: the page says what health says."""
+    upstream.routes["/chat/completions"] = reply()
+    s = serve(tmp_path / "s.db")
+    s.post(0)
+    s.wait_stored(1)
+    writer = s.health()["writer"]["pid"]
+    os.kill(writer, signal.SIGSTOP)  # a writer busy with one huge turn, as far as anyone can tell
+    try:
+        for i in (1, 2, 3):
+            assert s.post(i).status_code == 200
+        deadline = time.monotonic() + 20
+        while (h := s.health())["status"] == "ok":
+            assert time.monotonic() < deadline, h
+            time.sleep(0.2)
+        page = httpx.get(f"{s.url}/_tooltap/", timeout=10).text
+        assert re.search(r"storing turns: 3 turn\(s\) waiting and none stored for \d+ s", page)
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    s.wait_stored(4)
+    assert "storing turns" not in httpx.get(f"{s.url}/_tooltap/", timeout=10).text
     s.stop()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import locked_sqlite
-from tests.test_journal import reply, serve, stored  # noqa: F401 (serve: a fixture)
+from tests.test_journal import one_turn_stored, reply, serve, stored  # noqa: F401 (serve: a fixture)
 
 BODY = 256 * 1024
 
@@ -85,11 +85,7 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
 
 def test_a_writer_that_stores_nothing_is_said_on_the_sessions_page(tmp_path, upstream, serve):
     """Why the newest turns are missing from the list: the page says what health says."""
-    upstream.routes["/chat/completions"] = reply()
-    s = serve(tmp_path / "s.db")
-    s.post(0)
-    s.wait_stored(1)
-    writer = s.health()["writer"]["pid"]
+    s, writer = one_turn_stored(upstream, serve, tmp_path / "s.db")
     os.kill(writer, signal.SIGSTOP)  # a writer busy with one huge turn, as far as anyone can tell
     try:
         for i in (1, 2, 3):

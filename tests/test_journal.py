@@ -176,12 +176,17 @@ def test_sigkill_loses_no_answered_turn_and_stores_none_twice(tmp_path, upstream
     third.stop()
 
 
-def test_orphaned_writer_exits_when_the_main_process_dies(tmp_path, upstream, serve):
+def one_turn_stored(upstream, serve, db: Path):
+    """tooltap on `db` with one turn stored: (the server, its writer process's pid)."""
     upstream.routes["/chat/completions"] = reply()
-    s = serve(tmp_path / "o.db")
-    s.post(1)
+    s = serve(db)
+    s.post(0)
     s.wait_stored(1)
-    writer = s.health()["writer"]["pid"]
+    return s, s.health()["writer"]["pid"]
+
+
+def test_orphaned_writer_exits_when_the_main_process_dies(tmp_path, upstream, serve):
+    s, writer = one_turn_stored(upstream, serve, tmp_path / "o.db")
     assert alive(writer)
     s.proc.kill()
     s.proc.wait(5)

@@ -79,10 +79,14 @@ class Guard:
 
         try:
             return await self.app(scope, receive, send_tracked)
-        except Exception:
+        except Exception as exc:
             # Starlette's own 500 page would be sent outside this guard, without headers.
             if started:
                 raise
+            if "database is locked" in str(exc):  # SQLite held by another program: not a bug
+                log.warning("inspector: %s could not be read: the database is locked by another program",
+                            scope.get("path"))
+                return await _plain(send_secured, 503, LOCKED)
             log.exception("inspector error on %s", scope.get("path"))
             await _plain(send_secured, 500, b"tooltap: internal error (see the server log)\n")
 
@@ -137,6 +141,10 @@ def is_loopback_name(name: str) -> bool:
         return False
     mapped = getattr(address, "ipv4_mapped", None)
     return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+LOCKED = (b"tooltap: the database is locked by another program (a sqlite3 shell, a backup?); "
+          b"this page can be read again once it lets go. Turns are still recorded: they wait on disk.\n")
 
 
 async def _plain(send, status: int, body: bytes) -> None:

@@ -69,6 +69,8 @@ def test_a_locked_database_keeps_memory_bounded_and_stores_every_turn_once(tmp_p
         assert stuck["writer"]["stalled_s"] >= 5 and stuck["problems"] == [
             f"{n} turn(s) waiting and none stored for {stuck['writer']['stalled_s']:.0f} s: the database is locked "
             "or slow, or the writer is storing a very large turn"]
+        page = httpx.get(f"{s.url}/_tooltap/", timeout=30)  # a page that needs a connection of its own
+        assert page.status_code == 503 and "the database is locked by another program" in page.text
         after = rss_mb(s.proc.pid), rss_mb(writer)
         grown = [a - b for a, b in zip(after, before)]
         assert max(grown) < n * BODY / 2**20 / 3, (before, after)

@@ -88,11 +88,8 @@ class MessagesAssembler:
         piece alone (shapes.Shape)."""
         shape = None
         for name, data in events:
-            if shape is not None:
-                piece = shape.piece(data)
-                if piece is not None:
-                    shape.pieces.append(piece)
-                    continue
+            if shape is not None and shape.take(data):
+                continue
             name = name.decode("utf-8", errors="replace") or "message"
             try:
                 payload = orjson.loads(data)

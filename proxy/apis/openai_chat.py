@@ -250,13 +250,9 @@ class ChatAssembler:
         for payload in payloads:
             if self.done:
                 return
-            if shape is not None:
-                piece = shape.piece(payload)
-                if piece is not None:
-                    self.chunks += 1
-                    if piece or shape.keeps_empty:
-                        shape.pieces.append(piece)
-                    continue
+            if shape is not None and shape.take(payload):
+                self.chunks += 1
+                continue
             try:
                 chunk = orjson.loads(payload)
             except ValueError:

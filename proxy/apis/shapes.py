@@ -61,6 +61,15 @@ class Shape:
             same = False
         return shape if same else None
 
+    def take(self, payload: bytes) -> bool:
+        """Put the text of an event of this shape where it goes; False if it is not one."""
+        text = self.piece(payload)
+        if text is None:
+            return False
+        if text or self.keeps_empty:
+            self.pieces.append(text)
+        return True
+
     def piece(self, payload: bytes) -> str | None:
         """The text of an event of this shape; None if it is not one."""
         prefix, suffix = self.prefix, self.suffix

@@ -190,8 +190,7 @@ class WriterProcess:
 
     def health(self) -> dict:
         """For /_tooltap/api/health: what waits, where, and how fast it goes."""
-        journal_turns, journal_bytes = self.journal.backlog(self._confirmed)
-        backlog = self.journal.pending() + journal_turns + self._child[2]
+        backlog, journal_bytes = self._backlog()
         process = self._process
         return {
             "backlog": backlog,
@@ -219,7 +218,7 @@ class WriterProcess:
                 kind, payload = self._outbox.get(timeout=1.0)
             except queue.Empty:
                 self._revive()
-                if not self._backlog():
+                if not self._backlog()[0]:
                     self._quiet_since = time.monotonic()
                 continue
             if kind == "closed":
@@ -241,8 +240,11 @@ class WriterProcess:
                 if done is not None:
                     done[0].set()
 
-    def _backlog(self) -> int:
-        return self.journal.pending() + self.journal.backlog(self._confirmed)[0] + self._child[2]
+    def _backlog(self) -> tuple[int, int]:
+        """Turns not yet stored (waiting for the journal, in it, in the spool), and the
+        journal's bytes among them."""
+        journal_turns, journal_bytes = self.journal.backlog(self._confirmed)
+        return self.journal.pending() + journal_turns + self._child[2], journal_bytes
 
     def _note(self, written: int, spooled: int, spool_turns: int) -> None:
         self._child = (written, spooled, spool_turns)

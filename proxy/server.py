@@ -45,6 +45,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # writer's pipes, logs, temporary files. Each client connection may need two (its
 # socket and the upstream's).
 RESERVED_FDS = 64
+# How long a kept-alive client connection may sit idle. Longer than the pools of common
+# clients keep theirs (httpx and the SDKs built on it 5 s, aiohttp 15 s, Go 90 s): when
+# both sides give up at the same moment (uvicorn's default is also 5 s), the client sends
+# its next request on a connection the server is closing and gets a reset. Idle
+# connections cost a file descriptor each; at the connection cap the oldest go first.
+KEEP_ALIVE = 120
 
 
 def raise_fd_limit() -> int:
@@ -174,7 +180,7 @@ def serve(app, *, host: str, port: int, log_level: str = "info", grace: float = 
     cap = max_connections or connection_cap(fd_limit)
     log.debug("open-file limit %d: at most %d client connections", fd_limit, cap)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level,
+        app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE,
         access_log=False,  # uvicorn would log ?key= in clear
         server_header=False, date_header=False,  # the upstream's headers, not ours
         http=functools.partial(GuardedHttpProtocol, limits=Limits(max_connections=cap)),

@@ -217,3 +217,25 @@ def test_serve_raises_the_fd_limit_and_stays_under_it(tmp_path, upstream):
     out = tt.output()
     assert "connection limit (224)" in out, out[-2000:]
     assert "Too many open files" not in out and "Traceback" not in out
+
+
+def test_a_kept_alive_connection_outlives_the_clients_pool(tmp_path, upstream):
+    """httpx (and the SDKs on it) drops an idle pooled connection after 5 s, uvicorn by
+    default after 5 s as well: an agent whose tool ran for about 5 s then sends its next
+    request on a connection the server is closing, and gets a reset (seen as a flaky
+    `httpx.ReadError` under load). `tooltap serve` keeps idle connections far longer, so
+    the client's pool always lets go first."""
+    upstream.routes["/chat/completions"] = Reply.sse(SSE)
+    tt = start(tmp_path, "--upstream", upstream.url)
+    try:
+        with httpx.Client(limits=httpx.Limits(keepalive_expiry=60), timeout=10) as client:
+            ports = []
+            for pause in (6, 0):
+                r = client.post(f"{tt.url}/chat/completions", json=REQ)
+                assert r.status_code == 200 and r.content == SSE
+                ports.append(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+                time.sleep(pause)
+        assert len(set(ports)) == 1, f"a new connection after 6 s idle: local ports {ports}"
+    finally:
+        tt.signal(signal.SIGTERM)
+        tt.wait(10)

@@ -261,6 +261,34 @@ def test_a_raw_response_in_a_temporary_file_is_copied_into_the_journal(tmp_path)
     assert got.raw == b"data: " + b"x" * 300_000 + b"\n\n"
 
 
+def test_under_load_turns_are_written_in_batches_and_an_idle_one_at_once(tmp_path, monkeypatch):
+    """Waking the journal's thread for every turn costs the event loop more than handing
+    the turn over; under load the thread gathers turns instead. One after a quiet spell
+    is written as it comes."""
+    batches = []
+    journal = Journal(str(tmp_path / "j"), fsync_seconds=0.01)
+    write_held = journal._write_held
+    monkeypatch.setattr(journal, "_write_held", lambda force=False: (batches.append(len(journal._held)),
+                                                                      write_held(force)))
+    journal.start()
+    for i in range(60):  # 60 turns over ~30 ms
+        journal.submit(_record(i))
+        time.sleep(0.0005)
+    journal.mark()
+    written = [n for n in batches if n]
+    assert sum(written) == 60 and len(written) <= 20, written
+    time.sleep(0.05)
+    before = len(batches)
+    began = time.monotonic()
+    journal.submit(_record(60))
+    while len(batches) == before and time.monotonic() - began < 1:
+        time.sleep(0.0002)
+    assert batches[before:] == [1]
+    journal.close()
+    journal.release()
+    assert len(_read_all(journal.slot)) == 61
+
+
 def test_a_slot_left_by_a_dead_instance_is_taken_over(tmp_path):
     root = tmp_path / "j"
     a = Journal(str(root), segment_bytes=1 << 16)

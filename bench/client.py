@@ -194,8 +194,27 @@ async def load(spec: dict) -> dict:
                 res["elapsed"] += time.perf_counter() - t0
             for c in conns:
                 c.close()
-            await asyncio.sleep(0.2)  # let the other side settle (tooltap's writer drains)
+            await settle(spec.get("settle_url"))
     return out
+
+
+async def settle(health_url: str | None, limit: float = 60.0) -> None:
+    """Before the next round: wait until tooltap's writer has stored every turn (its health
+    says no backlog), so that no path's round pays for the storing of another's."""
+    await asyncio.sleep(0.2)
+    deadline = time.monotonic() + limit
+    while health_url and time.monotonic() < deadline:
+        health = await asyncio.to_thread(_get_json, health_url)
+        if not health.get("writer", {}).get("backlog"):
+            return
+        await asyncio.sleep(0.05)
+
+
+def _get_json(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
 
 
 async def one(spec: dict) -> dict:

@@ -146,6 +146,8 @@ def main() -> int:
     ap.add_argument("--big-mb", type=int, default=50, help="size of the memory test stream (0: skip)")
     ap.add_argument("--variant", metavar="ARGS",
                     help='diagnostics: run bench/variant.py ARGS instead of `tooltap serve`, e.g. "--sink drop"')
+    ap.add_argument("--settle", action="store_true",
+                    help="between load rounds, wait until tooltap's writer has no backlog (else 0.2 s)")
     ap.add_argument("--profile", metavar="DIR",
                     help="record tooltap with py-spy during the load phase (collapsed stacks into DIR; "
                          "summarize with bench/pyspy_top.py)")
@@ -199,9 +201,11 @@ def main() -> int:
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+            settle_url = f"http://127.0.0.1:{tt_port}/_tooltap/api/health" if a.settle else None
             ld = run_client({"mode": "load", "targets": targets, "path": path, "expect_bytes": expect,
                              "paths": paths, "expects": expects, "concurrency": a.concurrency,
-                             "round_seconds": a.seconds / a.rounds, "rounds": a.rounds, "warmup_rounds": 1},
+                             "round_seconds": a.seconds / a.rounds, "rounds": a.rounds, "warmup_rounds": 1,
+                             "settle_url": settle_url},
                             timeout=a.seconds * 6 + 180)
             cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
             if spy is not None:

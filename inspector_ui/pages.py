@@ -11,6 +11,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
 from proxy.store.read import known_id
 
@@ -30,6 +31,17 @@ _env.filters["pretty"] = transcript.pretty
 _env.filters["clip"] = clip
 _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")
 _env.globals["urlencode"] = urlencode
+
+
+def when(value) -> Markup | str:
+    """A stored time (ISO 8601, UTC) as every page writes it: `2026-12-02 05:05:59.897`."""
+    if not value:
+        return ""
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(
+        value, str(value).replace("T", " ").removesuffix("Z"))
+
+
+_env.filters["when"] = when
 
 
 def _reader(request: Request):

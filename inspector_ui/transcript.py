@@ -419,5 +419,10 @@ def chart(views: list[dict]) -> dict | None:
             total_pts.append(f"{cx},{round(base - usable * v['duration_ms'] / max_ms, 1)}")
         if v["ttft_ms"] is not None:
             ttft_pts.append(f"{cx},{round(base - usable * v['ttft_ms'] / max_ms, 1)}")
-    return {"w": CHART_W, "h": CHART_H, "bars": bars, "total": " ".join(total_pts),
-            "ttft": " ".join(ttft_pts), "max_tok": max_tok, "max_ms": round(max_ms, 1)}
+    # One point makes no line: it is drawn as a dot. A series with no point is left out,
+    # and so is its key.
+    lines = [{"kind": kind, "label": label, "points": " ".join(pts),
+              "dot": pts[0].split(",") if len(pts) == 1 else None}
+             for kind, label, pts in (("total", "total latency", total_pts), ("ttft", "time to first byte", ttft_pts))
+             if pts]
+    return {"w": CHART_W, "h": CHART_H, "bars": bars, "lines": lines, "max_tok": max_tok, "max_ms": round(max_ms, 1)}

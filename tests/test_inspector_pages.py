@@ -280,6 +280,31 @@ def test_upstream_errors_show_their_message_and_the_list_shows_the_status(toolta
     assert "st-upstream_error" in row
 
 
+def test_a_one_turn_session_charts_dots_and_every_page_writes_its_times_alike(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json(
+        {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+    httpx.post(tooltap.url + "/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    turn = tooltap.api("/turns")["turns"][0]
+    session = get(tooltap, f"/_tooltap/sessions/{turn['session_id']}").text
+    chart = session.split("<figure")[1].split("</figure>")[0]
+    # One point makes no line: a dot, and the key says so.
+    assert "<polyline" not in chart and 'class="dot-total"' in chart
+    assert '<span class="key k-total">●</span> total latency' in chart
+    pages = [session, get(tooltap, "/_tooltap/").text, get(tooltap, f"/_tooltap/turns/{turn['id']}").text]
+    times = [re.findall(r'<time datetime="([^"]+)"[^>]*>([^<]+)</time>', html) for html in pages]
+    assert all(times), times
+    for stamp, shown in sum(times, []):
+        assert stamp == turn["started_at"] and shown == stamp.replace("T", " ").removesuffix("Z"), (stamp, shown)
+
+
+def test_the_schemas_page_without_tool_sets_says_how_to_get_some(tooltap):
+    html = get(tooltap, "/_tooltap/schemas").text
+    assert "No tool sets stored yet" in html and "tooltap schemas diff" in html
+    assert "<select" not in html  # no choice to offer
+
+
 def test_a_long_sessions_chart_draws_a_bar_per_run_of_turns():
     from inspector_ui.transcript import MAX_BARS, chart
 

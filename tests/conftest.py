@@ -132,8 +132,8 @@ def cline_turn(n: int) -> dict:
 @contextlib.contextmanager
 def locked_sqlite(path):
     """The SQLite file locked by another program: nothing can be committed until the block
-    ends. Waits up to 5 s for the lock, as a real tool would (a connection tooltap opens
-    takes it for an instant while it sets its pragmas)."""
+    ends. Waits up to 5 s for the lock, as a real tool would (tooltap's writer holds it
+    while it commits a batch)."""
     lock = sqlite3.connect(path, timeout=5)
     lock.execute("BEGIN EXCLUSIVE")
     try:

@@ -137,9 +137,12 @@ def _postgres_text_without_nul(dbapi_conn, _record) -> None:
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
-    # Takes effect only in a new, empty file: space a prune frees can then be given back
-    # in small steps (retention.py) instead of one VACUUM that locks the writer out.
-    cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    # Only a new, empty file takes it: space a prune frees can then be given back in small
+    # steps (retention.py) instead of one VACUUM that locks the writer out. Asked of a file
+    # in use it waits for the write lock, so a page could not be read while another
+    # program (a sqlite3 shell, a backup) holds it.
+    if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+        cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
     # WAL: the inspector reads while the writer writes. NORMAL: durable at checkpoints,
     # safe against corruption, far fewer fsyncs than FULL.
     cur.execute("PRAGMA journal_mode=WAL")

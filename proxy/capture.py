@@ -249,6 +249,7 @@ class Capture:
         self._raw = RawBuffer()
         self._raw_ok = True
         self._size = 0
+        self._last = self._before_last = b""  # the chunks last handed to the client
         self._assembly: StreamAssembly | None = None  # only while watched live
 
     def elapsed_ms(self) -> float:
@@ -280,6 +281,7 @@ class Capture:
         if len(rec.timeline) < TIMELINE_MAX:
             rec.timeline.append([self._size, round(at, 3)])
         self._size += len(chunk)
+        self._before_last, self._last = self._last, chunk
         if self._raw_ok:
             try:
                 self._raw.write(chunk)
@@ -294,6 +296,12 @@ class Capture:
                 self._last_live = now
                 self.live.publish({"type": "turn_growing", "live_id": rec.live_id,
                                    "text": self._assembly.text(), "bytes": self._size})
+
+    def answer_closed(self) -> bool:
+        """The client has the stream's closing event (`[DONE]`, `message_stop`...): the
+        whole answer, whatever follows it on the wire."""
+        rec = self.record
+        return bool(rec.stream and self.api is not None and self.api.stream_closed(self._before_last + self._last))
 
     def finish(self, status: str | None = None, error: str | None = None) -> TurnRecord:
         rec = self.record

@@ -212,6 +212,11 @@ class Forwarder:
             raise
         finally:
             watch.stop()
+            if status == "client_aborted" and started and capture.answer_closed():
+                # The official SDKs stop reading at the closing event and close the
+                # connection, before the upstream's end of body may have come: not a client
+                # that gave up. (The upstream's connection is closed all the same.)
+                status, error = None, None
             if streamed:
                 capture.record.request_body = body.data
             if response is not None:

@@ -7,8 +7,10 @@ import socket
 import time
 
 import httpx
+import openai
 import pytest
 
+from proxy import apis
 from proxy.connections import Limits
 from proxy.scripted import Reply
 from tests.conftest import free_port
@@ -85,6 +87,62 @@ def test_client_abort_closes_upstream(make_tooltap, upstream, limits):
     assert turn["status"] == "client_aborted"
     assert upstream.finished == [False]
     assert len(turn["response"]["choices"][0]["message"]["content"].split()) < 150
+
+
+def lingering(sse: bytes) -> Reply:
+    """An event stream whose end of body comes 0.3 s after its last event."""
+    reply = Reply.sse(sse, delay=0.1)
+    reply.chunks.append(b"")  # nothing to write: only the pause before the end
+    reply.delay = 0.3
+    return reply
+
+
+def test_the_sdk_closing_at_done_has_the_whole_answer(tooltap, upstream):
+    """The official openai SDK stops at `[DONE]` and closes the connection, before the
+    upstream's end of body may have come: the turn is ok, not client_aborted."""
+    upstream.routes["/chat/completions"] = lingering(chunk("a") + chunk("b") + b"data: [DONE]\n\n")
+    client = openai.OpenAI(base_url=tooltap.url, api_key="sk-test-0123456789abcdef", max_retries=0)
+    stream = client.chat.completions.create(model="m", messages=REQ["messages"], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "ab"
+    turn = only_turn(tooltap)
+    assert (turn["status"], turn["error"]) == ("ok", None)
+    assert turn["response"]["choices"][0]["message"]["content"] == "ab"
+
+
+def test_a_client_gone_after_message_stop_has_the_whole_answer(tooltap, upstream):
+    events = [("message_start", {"type": "message_start", "message": {
+                  "id": "m1", "type": "message", "role": "assistant", "model": "c", "content": [],
+                  "stop_reason": None, "usage": {"input_tokens": 3, "output_tokens": 0}}}),
+              ("content_block_start", {"type": "content_block_start", "index": 0,
+                                       "content_block": {"type": "text", "text": ""}}),
+              ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                       "delta": {"type": "text_delta", "text": "hi"}}),
+              ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+              ("message_stop", {"type": "message_stop"})]
+    upstream.routes["/v1/messages"] = lingering(
+        b"".join(b"event: " + n.encode() + b"\ndata: " + json.dumps(d).encode() + b"\n\n" for n, d in events))
+    got = b""
+    with httpx.stream("POST", f"{tooltap.url}/v1/messages", json={"model": "c", "stream": True,
+                                                                 "messages": REQ["messages"]}) as r:
+        for piece in r.iter_raw():
+            got += piece
+            if b"event: message_stop" in got:
+                break  # and close, as a client that has what it wanted
+    turn = only_turn(tooltap)
+    assert (turn["status"], turn["error"]) == ("ok", None)
+    assert turn["response"]["content"] == [{"type": "text", "text": "hi"}]
+
+
+def test_only_a_whole_closing_event_counts():
+    chat, claude, gemini = apis.by_name("openai.chat"), apis.by_name("anthropic.messages"), apis.by_name("gemini")
+    assert chat.stream_closed(b'data: {"x":1}\n\ndata: [DONE]\n\n')
+    assert chat.stream_closed(b'data: {"x":1}\r\n\r\ndata:[DONE]\r\n\r\n')
+    assert not chat.stream_closed(b"data: [DONE]")  # cut before its blank line
+    assert not chat.stream_closed(b'data: {"content":"data: [DONE]"}\n\n')  # text that looks like it
+    assert not chat.stream_closed(b'data: [DONE]\n\ndata: {"x":1}\n\n')  # not the last event
+    assert claude.stream_closed(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert not claude.stream_closed(b'event: message_delta\ndata: {"type":"message_stop"}\n\n')
+    assert not gemini.stream_closed(b'data: {"candidates":[]}\n\n')  # no closing event: the end of body is
 
 
 def test_unreachable_upstream_is_a_502_naming_the_cause(make_tooltap):

@@ -9,6 +9,7 @@ The assembler rebuilds the Message the non-streaming endpoint would have returne
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -198,6 +199,7 @@ _HANDLERS = {
 class AnthropicMessages(WireAPIBase):
     name = "anthropic.messages"
     keys = RequestKeys(messages="messages", system="system", tools="tools")
+    closing = re.compile(rb"^event: ?message_stop\r?$", re.M)
     assembler = MessagesAssembler
 
     def matches(self, method: str, path: str) -> bool:

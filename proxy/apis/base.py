@@ -11,6 +11,7 @@ the tool calls, the usage). Adding a provider is adding one such module to
 from __future__ import annotations
 
 import json
+import re
 
 import orjson
 from dataclasses import dataclass
@@ -86,10 +87,28 @@ def event_json(data: str) -> Any:
         return None
 
 
+_LAST_EVENT = re.compile(rb"(?:\r?\n\r?\n|\r\r)(?=.)", re.S)
+
+
+def last_event(tail: bytes) -> bytes | None:
+    """The last whole event of a stream's last bytes (None: the stream stops mid-event)."""
+    if not tail.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")):
+        return None
+    return _LAST_EVENT.split(tail.rstrip(b"\r\n"))[-1]
+
+
 class WireAPIBase:
     """Defaults most wire APIs share; a module overrides what its API does differently."""
 
     assembler: type  # the Assembler class for this API's streams
+    # The stream's closing event (a line of it, matched from its start), for APIs that
+    # send one: after it the answer is whole, and the official SDKs stop reading there.
+    closing: re.Pattern[bytes] | None = None
+
+    def stream_closed(self, tail: bytes) -> bool:
+        """Whether a stream's last bytes end with its closing event, whole."""
+        event = last_event(tail) if self.closing is not None else None
+        return event is not None and self.closing.search(event) is not None
 
     def new_assembler(self) -> Assembler:
         return self.assembler()

@@ -9,6 +9,7 @@ kept as lists of pieces and joined in result().
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -354,6 +355,7 @@ class ChatAssembler:
 class OpenAIChat(WireAPIBase):
     name = "openai.chat"
     keys = RequestKeys(messages="messages", tools="tools")
+    closing = re.compile(rb"^data: ?\[DONE\]", re.M)
     assembler = ChatAssembler
 
     def matches(self, method: str, path: str) -> bool:

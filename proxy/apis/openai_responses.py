@@ -10,6 +10,7 @@ unfinished ones from `response.output_item.added` and the deltas received since.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..sse import Event
@@ -187,6 +188,7 @@ class ResponsesAssembler:
 class OpenAIResponses(WireAPIBase):
     name = "openai.responses"
     keys = RequestKeys(messages="input", system="instructions", tools="tools")
+    closing = re.compile(rb"^event: ?response\.(?:completed|incomplete|failed)\r?$", re.M)
     assembler = ResponsesAssembler
 
     def matches(self, method: str, path: str) -> bool:

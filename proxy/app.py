@@ -72,6 +72,10 @@ class TooltapApp:
                 return await self.mcp(scope, receive, send)
             if path == "/" and scope["method"] == "GET" and _wants_html(scope):
                 return await _redirect(send, RESERVED_PREFIX + "/")
+            if path == "/favicon.ico" and _browser_fetches_image(scope):
+                # Asked by a browser showing the inspector's JSON or raw bytes: not the
+                # upstream's business, and no turn to record.
+                return await _no_icon(send)
             return await self.forwarder(scope, receive, send)
         return await self.inspector(scope, receive, send)  # lifespan, websocket
 
@@ -96,6 +100,16 @@ def _wants_html(scope) -> bool:
         if k == b"accept":
             return b"text/html" in v
     return False
+
+
+def _browser_fetches_image(scope) -> bool:
+    return scope["method"] == "GET" and any(k == b"sec-fetch-dest" and v == b"image" for k, v in scope["headers"])
+
+
+async def _no_icon(send) -> None:
+    await send({"type": "http.response.start", "status": 204,
+                "headers": [(b"cache-control", b"max-age=86400")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _redirect(send, location: str) -> None:

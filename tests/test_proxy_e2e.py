@@ -201,6 +201,13 @@ def test_reserved_prefix_is_not_forwarded(tooltap, upstream):
     assert upstream.received == []
     r = httpx.get(f"{tooltap.url}/", headers={"accept": "text/html"})
     assert r.status_code == 307 and r.headers["location"] == "/_tooltap/"
+    # A browser showing the API's JSON asks for an icon: answered here, no turn recorded.
+    icon = httpx.get(f"{tooltap.url}/favicon.ico", headers={"sec-fetch-dest": "image"})
+    assert icon.status_code == 204 and upstream.received == []
+    assert tooltap.api("/turns") == {"turns": []}
+    # Anything else at that path is the upstream's, as every path outside /_tooltap/ is.
+    httpx.get(f"{tooltap.url}/favicon.ico")
+    assert [r.path for r in upstream.received] == ["/favicon.ico"]
 
 
 def test_cline_weather_decoded(tooltap, upstream):

@@ -165,6 +165,18 @@ class EnvironmentProblem(click.ClickException):
 def _check_port(host: str, port: int) -> None:
     """Fail before the banner when the port is taken: the user must not be shown the
     address of another program."""
+    error = _bind_error(host, port)
+    if error is None:
+        return
+    if error.errno == errno.EADDRINUSE:
+        # Suggest a port that is free now, not merely the next one.
+        free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bind_error(host, p) is None), None)
+        hint = f"stop it or give --port {free}" if free else "stop it or give another --port"
+        raise EnvironmentProblem(f"port {port} on {host} is already in use (another tooltap?): {hint}")
+    raise EnvironmentProblem(f"cannot listen on {host}:{port}: {error.strerror or error}")
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -173,10 +185,8 @@ def _check_port(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise EnvironmentProblem(f"port {port} on {host} is already in use (another tooltap?): "
-                                         f"stop it or give --port {port + 1}") from None
-            raise EnvironmentProblem(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            return exc
+    return None
 
 
 def _check_spool(spool_path: str | None) -> None:

@@ -42,6 +42,32 @@ def test_serve_on_a_busy_port_says_so_before_anything_else(tmp_path, busy_port):
     assert not (tmp_path / "t.db").exists()
 
 
+def test_the_port_suggested_instead_of_a_busy_one_is_free(tmp_path):
+    held = []
+    for base in range(20000, 30000, 7):  # two ports in a row, both taken
+        pair = [socket.socket(), socket.socket()]
+        try:
+            for i, s in enumerate(pair):
+                s.bind(("127.0.0.1", base + i))
+                s.listen()
+        except OSError:
+            for s in pair:
+                s.close()
+            continue
+        held = pair
+        break
+    try:
+        r = run("serve", "--upstream", "http://127.0.0.1:9", "--port", str(base), "--db", str(tmp_path / "t.db"))
+        assert_one_line_error(r, f"port {base}", "already in use")
+        suggested = int(r.stderr.split("--port ")[-1].split()[0])
+        assert suggested > base + 1
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", suggested))  # free, as said
+    finally:
+        for s in held:
+            s.close()
+
+
 def test_demo_picks_another_port_only_when_none_was_asked_for(busy_port):
     r = run("demo", "--port", str(busy_port))
     assert_one_line_error(r, f"port {busy_port}", "already in use")

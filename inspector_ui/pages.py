@@ -33,12 +33,16 @@ _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, 
 _env.globals["urlencode"] = urlencode
 
 
-def when(value) -> Markup | str:
+def when_text(value) -> str:
     """A stored time (ISO 8601, UTC) as every page writes it: `2026-12-02 05:05:59.897`."""
+    return str(value).replace("T", " ").removesuffix("Z") if value else ""
+
+
+def when(value) -> Markup | str:
+    """`when_text` in a <time> element that keeps the stored value."""
     if not value:
         return ""
-    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(
-        value, str(value).replace("T", " ").removesuffix("Z"))
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(value, when_text(value))
 
 
 _env.filters["when"] = when

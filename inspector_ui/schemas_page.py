@@ -41,14 +41,15 @@ def _default_pair(sets: list[dict]) -> tuple[str, str] | None:
 
 @router.get("/schemas")
 def schemas(request: Request, a: str = "", b: str = ""):
-    from .pages import templates
+    from .pages import templates, when_text
 
     reader = request.app.state.reader
     db_url = request.app.state.tooltap.settings.db_url
     sets = reader.tool_sets()
     choices = [{"value": f"turn:{s['turn_id']}",
-                "label": f"turn {s['turn_id']} · {s['model'] or '?'} · {s['tool_count']} tools · "
-                         f"session {s['session_id']} · {s['seen_at']}"} for s in sets]
+                "label": f"turn {s['turn_id']} · {s['model'] or '?'} · {s['tool_count']} tool"
+                         f"{'s' if s['tool_count'] != 1 else ''} · session {s['session_id']} · "
+                         f"{when_text(s['seen_at'])}"} for s in sets]
     if not a and len(choices) >= 2:
         a, b = _default_pair(sets) or (choices[-2]["value"], choices[-1]["value"])
     ctx = {"choices": choices, "a": a, "b": b, "errors": [], "diff": None}

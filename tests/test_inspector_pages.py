@@ -201,6 +201,9 @@ def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):
     assert "0 breaking</b> of 0 changes" in html and "15 unchanged" in html
     assert "cIya4J0mcp0get_forecast" in html and "gemini" in html
     assert "weather › get_forecast" in html  # decoded beside the raw name
+    label = re.search(r'<option value="turn:1"[^>]*>([^<]+)</option>', html).group(1)
+    assert re.fullmatch(r"turn 1 · deepseek-chat · 15 tools · session \w+ · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+",
+                        label), label  # times as every page writes them
     assert get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:99"}).status_code == 200
 
 
@@ -292,6 +295,7 @@ def test_a_one_turn_session_charts_dots_and_every_page_writes_its_times_alike(to
     # One point makes no line: a dot, and the key says so.
     assert "<polyline" not in chart and 'class="dot-total"' in chart
     assert '<span class="key k-total">●</span> total latency' in chart
+    assert "<b>1</b> turn</span>" in session and "<b>0</b> errors</span>" in session
     pages = [session, get(tooltap, "/_tooltap/").text, get(tooltap, f"/_tooltap/turns/{turn['id']}").text]
     times = [re.findall(r'<time datetime="([^"]+)"[^>]*>([^<]+)</time>', html) for html in pages]
     assert all(times), times

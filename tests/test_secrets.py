@@ -179,3 +179,34 @@ def test_operator_names_more_secret_headers(tmp_path, upstream):
     stored = db_bytes(tmp_path / "t.db")
     assert team.encode() not in stored and tenant.encode() not in stored and plain.encode() in stored
 
+
+
+def test_what_tooltap_writes_captures_to_is_its_owners_alone(tmp_path, upstream):
+    """Prompts, code and answers are in the database, its WAL, the journal and the spool:
+    other users of the machine cannot read them."""
+    import os
+    import signal
+    import stat
+
+    from proxy.store.spool import Spool
+    from tests.processes import start
+
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": []})
+    tt = start(tmp_path, "--upstream", upstream.url)
+    try:
+        assert httpx.post(f"{tt.url}/chat/completions", json={"model": "m", "messages": []}).status_code == 200
+        deadline = time.monotonic() + 15
+        while not httpx.get(f"{tt.url}/_tooltap/api/turns").json()["turns"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        files = [tt.db, Path(f"{tt.db}-wal"), *Path(tmp_path).glob(".tooltap.db.journal/*/*.seg")]
+        assert len(files) >= 3
+        for f in files:
+            assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+    finally:
+        tt.signal(signal.SIGTERM)
+        tt.wait(10)
+    spool = Spool(str(tmp_path / "s.jsonl"))
+    spool.append([TurnRecord(started_at=1.0, method="POST", path="/x", upstream="u", request_headers=[],
+                             request_body=b"{}")])
+    assert stat.S_IMODE(os.stat(tmp_path / "s.jsonl").st_mode) == 0o600

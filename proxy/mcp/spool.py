@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+from ..store.files import private
+
 _BYTES = ("raw", "tools")
 
 
@@ -62,7 +64,7 @@ class McpSpool:
     def append(self, ops: list[dict]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         data = "".join(encode(op) + "\n" for op in ops)
-        with self._lock, open(self.path, "a", encoding="ascii") as f:
+        with self._lock, open(self.path, "a", encoding="ascii", opener=private) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -103,7 +105,7 @@ class McpSpool:
                 try:
                     ops.append(decode(line))
                 except ValueError:
-                    with open(str(path) + ".bad", "ab") as bad:
+                    with open(str(path) + ".bad", "ab", opener=private) as bad:
                         bad.write(line if line.endswith(b"\n") else line + b"\n")
                 if len(ops) >= batch:
                     yield ops

@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
 from ..config import normalize_db_url
+from .files import create_private
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 if not MIGRATIONS.is_dir():  # running from a source checkout: migrations/ sits at the top
@@ -83,6 +84,11 @@ def open_database(url: str, *, create: bool = True) -> Engine:
             raise DatabaseUnavailable(f"cannot create the database {path}: the folder {path.parent} does not exist")
         if path.is_dir():
             raise DatabaseUnavailable(f"cannot use {path} as the database: it is a folder")
+        if create:
+            try:
+                create_private(str(path))
+            except OSError as exc:
+                raise DatabaseUnavailable(f"cannot create the database {path}: {exc.strerror or exc}") from None
     try:
         engine = make_engine(url)
         migrate(engine)

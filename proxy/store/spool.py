@@ -17,6 +17,7 @@ import threading
 from typing import Iterator
 
 from ..capture import TurnRecord
+from .files import private
 from .journal import JournaledTurn
 
 _BYTES = ("request_body", "raw")
@@ -49,7 +50,7 @@ class Spool:
 
     def _append(self, path: str, records: list[TurnRecord]) -> None:
         lines = "".join(encode(r) + "\n" for r in records)
-        with self._lock, open(path, "a", encoding="utf-8") as f:
+        with self._lock, open(path, "a", encoding="utf-8", opener=private) as f:
             f.write(lines)
             f.flush()
             os.fsync(f.fileno())
@@ -82,7 +83,7 @@ class Spool:
         with self._lock:
             if _size(self.path):
                 if os.path.exists(self._replaying):
-                    with open(self.path, "rb") as src, open(self._replaying, "ab") as dst:
+                    with open(self.path, "rb") as src, open(self._replaying, "ab", opener=private) as dst:
                         shutil.copyfileobj(src, dst)
                         dst.flush()
                         os.fsync(dst.fileno())
@@ -104,7 +105,7 @@ class Spool:
                     offsets.append(start)
                     size += len(line)
                 except (ValueError, TypeError, KeyError):
-                    with open(self.path + ".bad", "ab") as bad:
+                    with open(self.path + ".bad", "ab", opener=private) as bad:
                         bad.write(line if line.endswith(b"\n") else line + b"\n")
                 if len(batch) >= max_records or size >= max_bytes:
                     yield batch, offsets
@@ -123,7 +124,7 @@ class Spool:
         tmp = self._replaying + ".tmp"
         try:
             with self._lock:
-                with open(self._replaying, "rb") as src, open(tmp, "wb") as dst:
+                with open(self._replaying, "rb") as src, open(tmp, "wb", opener=private) as dst:
                     src.seek(offset)
                     shutil.copyfileobj(src, dst)
                     dst.flush()

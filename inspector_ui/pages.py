@@ -20,7 +20,7 @@ from .api import writer_health
 from .curl import as_curl, request_file_name
 from .longtext import clip
 from proxy.store.read import request_bytes
-from .queries import Filters
+from .queries import TURN_STATUSES, Filters
 from .rawview import raw_view
 
 router = APIRouter()
@@ -62,7 +62,7 @@ def sessions(request: Request, q: str = "", model: str = "", tool: str = "", ser
     f = Filters(q=q.strip(), model=model, tool=tool, server=server, status=status, since=since, until=until)
     page = _queries(request).sessions_page(f, cursor=after or None)
     return templates.TemplateResponse(request, "sessions.html", {
-        "page": page, "filters": f, "facets": _queries(request).facets(),
+        "page": page, "filters": f, "facets": _queries(request).facets(), "turn_statuses": TURN_STATUSES[1:],
         "total": _queries(request).session_count(), "after": after,
         # Why the newest turns may be missing from the list: what /api/health says.
         "store_problems": writer_health(request.app.state.tooltap.writer)["problems"],

@@ -33,13 +33,17 @@ HITS_MAX = 20_000  # sessions a search finds index-first, at most
 FACETS_SECONDS = 30.0
 
 
+TURN_STATUSES = ("ok", "upstream_error", "upstream_aborted", "client_aborted", "proxy_error")
+STATUS_FILTERS = ("ok", "errors", *TURN_STATUSES[1:])
+
+
 @dataclass
 class Filters:
     q: str = ""
     model: str = ""
     tool: str = ""
     server: str = ""
-    status: str = ""  # "" | "ok" | "errors"
+    status: str = ""  # "" | "ok" (no errors) | "errors" | a turn status (a turn of it)
     since: str = ""  # YYYY-MM-DD, inclusive, UTC
     until: str = ""  # YYYY-MM-DD, inclusive, UTC
 
@@ -54,7 +58,7 @@ class Filters:
 class Page:
     sessions: list[dict]
     next_cursor: str | None
-    search_note: str | None = None  # nothing sets it since the full-text index; kept for the API's "note"
+    search_note: str | None = None  # a filter that could not be applied, and why
     matched_by: dict[str, list[str]] = field(default_factory=dict)  # session id -> where q matched
 
 
@@ -136,7 +140,10 @@ class Queries:
             rows = rows[:limit]
             nxt = encode_cursor(rows[-1].last_at, rows[-1].id) if more and rows else None
             last = self._last_status(db, [s.id for s in rows])
-            return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, None, matched)
+            note = None
+            if f.status and f.status not in STATUS_FILTERS:
+                note = f"no status {f.status!r} (not applied): use {', '.join(STATUS_FILTERS)}"
+            return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, note, matched)
 
     def page_statement(self, f: Filters, cursor: str | None, limit: int, found=None):
         """`found`: the condition a search puts on sessions (None: no search)."""
@@ -160,6 +167,8 @@ class Queries:
             out.append(Session.errors > 0)
         elif f.status == "ok":
             out.append(Session.errors == 0)
+        elif f.status in TURN_STATUSES:  # a session with a turn of that status
+            out.append(exists(select(Turn.id).where(Turn.session_id == Session.id, Turn.status == f.status)))
         if f.since and (t := _day(f.since)) is not None:
             out.append(Session.last_at >= t)
         if f.until and (t := _day(f.until, end=True)) is not None:

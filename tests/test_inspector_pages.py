@@ -282,6 +282,16 @@ def test_upstream_errors_show_their_message_and_the_list_shows_the_status(toolta
     row = get(tooltap, "/_tooltap/").text.split(f'data-session="{turn["session_id"]}"')[1].split("</tr>")[0]
     assert "st-upstream_error" in row
 
+    def found(status):
+        r = get(tooltap, "/_tooltap/api/search", params={"status": status}).json()
+        return [x["id"] for x in r["sessions"]], r["note"]
+
+    assert found("upstream_error") == ([turn["session_id"]], None)  # a session with a turn of it
+    assert found("client_aborted") == ([], None)
+    ids, note = found("failed")  # not a status: said, and not applied
+    assert ids == [turn["session_id"]] and note.startswith("no status 'failed' (not applied): use ok, errors,")
+    assert "no status &#39;failed&#39;" in get(tooltap, "/_tooltap/", params={"status": "failed"}).text
+
 
 def test_a_one_turn_session_charts_dots_and_every_page_writes_its_times_alike(tooltap, upstream):
     upstream.routes["/chat/completions"] = Reply.json(

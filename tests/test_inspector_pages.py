@@ -90,6 +90,8 @@ def test_search_and_filters(tooltap, cline):
     assert titles({"until": "2000-01-01"}) == []
     html = get(tooltap, "/_tooltap/", params={"q": "38.9072"}).text
     assert "matched in tool arguments" in html
+    assert '<span data-testid="matching">1 matching</span>' in html  # beside the count stored
+    assert "matching" not in get(tooltap, "/_tooltap/").text  # no filter, nothing to count
 
 
 def test_live_endpoint_streams_hub_events(tooltap, upstream):

@@ -87,14 +87,14 @@ def event_json(data: str) -> Any:
         return None
 
 
-_LAST_EVENT = re.compile(rb"(?:\r?\n\r?\n|\r\r)(?=.)", re.S)
+_EVENT_BREAK = re.compile(rb"\r?\n\r?\n|\r\r")
 
 
 def last_event(tail: bytes) -> bytes | None:
     """The last whole event of a stream's last bytes (None: the stream stops mid-event)."""
     if not tail.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")):
         return None
-    return _LAST_EVENT.split(tail.rstrip(b"\r\n"))[-1]
+    return _EVENT_BREAK.split(tail.rstrip(b"\r\n"))[-1]
 
 
 class WireAPIBase:

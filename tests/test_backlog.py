@@ -129,21 +129,27 @@ def test_the_writer_runs_nicer_than_the_proxy_or_idle_when_asked(tmp_path, upstr
         s.stop()
 
 
-def test_a_database_a_program_holds_alone_gets_a_clear_answer_from_the_inspector(tmp_path, upstream, serve):
-    """A program with SQLite's exclusive locking mode (some backup tools) keeps even readers
-    out: the inspector says so in one line, and reads again once it lets go."""
-    db = tmp_path / "x.db"
-    s, _ = one_turn_stored(upstream, serve, db)
-    holder = sqlite3.connect(db, timeout=5, isolation_level=None)
-    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
-        page = httpx.get(f"{s.url}/_tooltap/", timeout=60)
-        assert page.status_code == 503 and "the database is locked by another program" in page.text
-        assert s.post(1).status_code == 200  # the agent is never held up
-    finally:
-        holder.close()
-    assert httpx.get(f"{s.url}/_tooltap/", timeout=30).status_code == 200
-    s.wait_stored(2)
-    s.stop()
-    assert "Traceback" not in s.log()
+def test_a_page_that_meets_a_locked_database_says_so_in_one_line(caplog):
+    """Readers are not locked out by a writer (WAL); a program that takes the file in
+    SQLite's exclusive locking mode while no connection of tooltap's has it open is the
+    rare case that still locks them out (not reproducible on demand with tooltap running,
+    so the page's failure is raised here): 503 and one line, not a 500 and a traceback."""
+    import logging
+
+    from sqlalchemy.exc import OperationalError
+
+    from inspector_ui.security import Guard
+    from tests.conftest import Server
+
+    async def page(scope, receive, send):
+        if scope["type"] == "http":
+            raise OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked"))
+
+    caplog.set_level(logging.WARNING, "tooltap")
+    with Server(Guard(page), lifespan="off") as server:
+        r = httpx.get(f"http://localhost:{server.port}/_tooltap/", timeout=10)
+    assert r.status_code == 503 and r.text.startswith("tooltap: the database is locked by another program")
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert [rec.getMessage() for rec in caplog.records] == [
+        "inspector: /_tooltap/ could not be read: the database is locked by another program"]
+    assert not any(rec.exc_info for rec in caplog.records)

@@ -18,7 +18,8 @@ import pytest
 
 from proxy.capture import TurnRecord
 from proxy.scripted import Reply
-from proxy.store.journal import Journal, JournaledTurn, JournalReader, frame_ends, segment_path, segments
+from proxy.store.journal import (GATHER_SECONDS, Journal, JournaledTurn, JournalReader, frame_ends,
+                                 segment_path, segments)
 from proxy.store.writer import Writer
 from tests.conftest import free_port
 
@@ -271,19 +272,21 @@ def test_under_load_turns_are_written_in_batches_and_an_idle_one_at_once(tmp_pat
     monkeypatch.setattr(journal, "_write_held", lambda force=False: (batches.append(len(journal._held)),
                                                                       write_held(force)))
     journal.start()
+    began = time.monotonic()
     for i in range(60):  # 60 turns over ~30 ms
         journal.submit(_record(i))
         time.sleep(0.0005)
+    windows = (time.monotonic() - began) / GATHER_SECONDS  # however slow the machine
     journal.mark()
     written = [n for n in batches if n]
-    assert sum(written) == 60 and len(written) <= 20, written
+    assert sum(written) == 60 and len(written) <= windows + 2, (written, windows)
     time.sleep(0.05)
     before = len(batches)
     began = time.monotonic()
     journal.submit(_record(60))
-    while len(batches) == before and time.monotonic() - began < 1:
+    while not any(batches[before:]) and time.monotonic() - began < 1:
         time.sleep(0.0002)
-    assert batches[before:] == [1]
+    assert [n for n in batches[before:] if n] == [1]  # (a wake-up to fsync writes nothing)
     journal.close()
     journal.release()
     assert len(_read_all(journal.slot)) == 61

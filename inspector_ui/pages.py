@@ -19,7 +19,7 @@ from . import replays, transcript
 from .api import writer_health
 from .curl import as_curl, request_file_name
 from .longtext import clip
-from proxy.store.read import request_bytes
+from proxy.store.read import request_bytes, shown_time
 from .queries import TURN_STATUSES, Filters
 from .rawview import raw_view
 
@@ -33,16 +33,12 @@ _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, 
 _env.globals["urlencode"] = urlencode
 
 
-def when_text(value) -> str:
-    """A stored time (ISO 8601, UTC) as every page writes it: `2026-12-02 05:05:59.897`."""
-    return str(value).replace("T", " ").removesuffix("Z") if value else ""
-
-
 def when(value) -> Markup | str:
-    """`when_text` in a <time> element that keeps the stored value."""
+    """A stored time as every page writes it (`shown_time`), in a <time> element that
+    keeps the stored value."""
     if not value:
         return ""
-    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(value, when_text(value))
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(value, shown_time(value))
 
 
 _env.filters["when"] = when

@@ -41,7 +41,9 @@ def _default_pair(sets: list[dict]) -> tuple[str, str] | None:
 
 @router.get("/schemas")
 def schemas(request: Request, a: str = "", b: str = ""):
-    from .pages import templates, when_text
+    from proxy.store.read import shown_time
+
+    from .pages import templates
 
     reader = request.app.state.reader
     db_url = request.app.state.tooltap.settings.db_url
@@ -49,7 +51,7 @@ def schemas(request: Request, a: str = "", b: str = ""):
     choices = [{"value": f"turn:{s['turn_id']}",
                 "label": f"turn {s['turn_id']} · {s['model'] or '?'} · {s['tool_count']} tool"
                          f"{'s' if s['tool_count'] != 1 else ''} · session {s['session_id']} · "
-                         f"{when_text(s['seen_at'])}"} for s in sets]
+                         f"{shown_time(s['seen_at'])}"} for s in sets]
     if not a and len(choices) >= 2:
         a, b = _default_pair(sets) or (choices[-2]["value"], choices[-1]["value"])
     ctx = {"choices": choices, "a": a, "b": b, "errors": [], "diff": None}

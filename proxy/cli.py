@@ -356,6 +356,7 @@ def stats(days, as_json, db_url) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from .store.read import shown_time
     from .store.stats import store_stats
 
     engine = _open_database(db_url, create=False)
@@ -367,9 +368,9 @@ def stats(days, as_json, db_url) -> None:
     console = Console()
     console.print(f"turns {s.turns} ({s.errors} not ok), sessions {s.sessions}, blobs {s.blobs} "
                   f"({_mb(s.blob_bytes)}), database {_mb(s.database_bytes)}", highlight=False)
-    console.print(f"first turn {s.first_at or '-'}", highlight=False)
-    console.print(f"last turn  {s.last_at or '-'}", highlight=False)
-    console.print(f"pruned     {s.pruned_at or 'never'}", highlight=False)
+    for label, at, none in (("first turn", s.first_at, "-"), ("last turn ", s.last_at, "-"),
+                            ("pruned    ", s.pruned_at, "never")):
+        console.print(f"{label} {shown_time(at) + ' UTC' if at else none}", highlight=False)
     table = Table(title=f"growth, last {days} days (UTC)")
     for name in ("day", "turns", "not ok", "wire MB", "stored MB"):
         table.add_column(name, justify="left" if name == "day" else "right")

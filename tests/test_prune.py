@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -186,6 +187,7 @@ def test_stats_counts_and_growth_per_day(tooltap, upstream):
     assert api["turns"] == 5 and [d["turns"] for d in api["days"]] == [0, 2, 0, 1, 2]
     table = cli("stats", db=db)
     assert table.returncode == 0 and "turns 5" in table.stdout and "growth" in table.stdout
+    assert re.search(r"^last turn  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC$", table.stdout, re.M), table.stdout
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -41,6 +41,12 @@ def iso(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def shown_time(iso_time: str | None) -> str:
+    """An `iso()` time as people read it, in the inspector and the CLI alike:
+    `2026-12-02 05:05:59.897` (UTC)."""
+    return iso_time.replace("T", " ").removesuffix("Z") if iso_time else ""
+
+
 class Reader:
     def __init__(self, engine: Engine, *, cache_blobs: bool = False):
         """cache_blobs: read each blob once for this Reader's life. For one-shot readers of

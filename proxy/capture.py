@@ -26,6 +26,7 @@ from .sse import SSEDecoder, data_only, named_events
 
 RAW_IN_MEMORY = 2 * 1024 * 1024
 TIMELINE_MAX = 4096  # chunk arrivals kept per turn; later ones are dropped from the timeline only
+CLOSING_TAIL = 4096  # bytes read back, on a client's hang-up, to find the stream's closing event
 
 
 @dataclass
@@ -102,6 +103,15 @@ class RawBuffer:
             self._file.write(self._memory.getbuffer())
             self._memory = None
         self._file.write(chunk)
+
+    def tail(self, n: int) -> bytes:
+        """The last `n` bytes written (all of them, if fewer)."""
+        if self._memory is not None:
+            with self._memory.getbuffer() as view:
+                return bytes(view[-n:])
+        self._file.flush()
+        end = self._file.tell()
+        return os.pread(self._file.fileno(), n, max(0, end - n))  # mkstemp's descriptor reads too
 
     def hand_over(self) -> bytes | str:
         """The bytes, or the path of the closed file that holds them."""
@@ -249,7 +259,6 @@ class Capture:
         self._raw = RawBuffer()
         self._raw_ok = True
         self._size = 0
-        self._last = self._before_last = b""  # the chunks last handed to the client
         self._assembly: StreamAssembly | None = None  # only while watched live
 
     def elapsed_ms(self) -> float:
@@ -281,7 +290,6 @@ class Capture:
         if len(rec.timeline) < TIMELINE_MAX:
             rec.timeline.append([self._size, round(at, 3)])
         self._size += len(chunk)
-        self._before_last, self._last = self._last, chunk
         if self._raw_ok:
             try:
                 self._raw.write(chunk)
@@ -300,8 +308,9 @@ class Capture:
     def answer_closed(self) -> bool:
         """The client has the stream's closing event (`[DONE]`, `message_stop`...): the
         whole answer, whatever follows it on the wire."""
-        rec = self.record
-        return bool(rec.stream and self.api is not None and self.api.stream_closed(self._before_last + self._last))
+        if not (self.record.stream and self._raw_ok and self.api is not None):
+            return False
+        return self.api.stream_closed(self._raw.tail(CLOSING_TAIL))
 
     def finish(self, status: str | None = None, error: str | None = None) -> TurnRecord:
         rec = self.record

@@ -156,6 +156,14 @@ class SSEDecoder:
         return event
 
 
+def last_event(tail: bytes) -> Event | None:
+    """The last event of a stream's last bytes, if they end with it whole (its blank line
+    came); None if they stop within an event. The bytes may begin anywhere in the stream."""
+    decoder = SSEDecoder()
+    events = decoder.feed(tail)
+    return events[-1] if events and not decoder.close() else None
+
+
 def data_only(stream: bytes) -> list[bytes] | None:
     """The data of every event of a whole stream made of one-line `data: ` events only,
     each ended by a blank line, LF line ends (as nearly every OpenAI-compatible server

@@ -262,7 +262,7 @@ def test_a_raw_response_in_a_temporary_file_is_copied_into_the_journal(tmp_path)
     assert got.raw == b"data: " + b"x" * 300_000 + b"\n\n"
 
 
-def test_under_load_turns_are_written_in_batches_and_an_idle_one_at_once(tmp_path, monkeypatch):
+def test_under_load_turns_are_written_in_batches_and_one_after_a_quiet_spell_alone(tmp_path, monkeypatch):
     """Waking the journal's thread for every turn costs the event loop more than handing
     the turn over; under load the thread gathers turns instead. One after a quiet spell
     is written as it comes."""

@@ -145,6 +145,17 @@ def test_only_a_whole_closing_event_counts():
     assert not gemini.stream_closed(b'data: {"candidates":[]}\n\n')  # no closing event: the end of body is
 
 
+def test_the_tail_is_read_back_from_memory_and_from_the_spilled_file():
+    from proxy.capture import RAW_IN_MEMORY, RawBuffer
+
+    raw = RawBuffer()
+    raw.write(b"data: x\n\n")
+    assert raw.tail(4096) == b"data: x\n\n"
+    raw.write(b"." * RAW_IN_MEMORY + b"data: [DONE]\n\n")  # past the memory bound: a file now
+    assert raw.tail(14) == b"data: [DONE]\n\n"
+    raw.discard()
+
+
 def test_unreachable_upstream_is_a_502_naming_the_cause(make_tooltap):
     port = free_port()  # nothing listens here
     tt = make_tooltap(f"http://127.0.0.1:{port}")

@@ -9,7 +9,6 @@ The assembler rebuilds the Message the non-streaming endpoint would have returne
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -199,8 +198,10 @@ _HANDLERS = {
 class AnthropicMessages(WireAPIBase):
     name = "anthropic.messages"
     keys = RequestKeys(messages="messages", system="system", tools="tools")
-    closing = re.compile(rb"^event: ?message_stop\r?$", re.M)
     assembler = MessagesAssembler
+
+    def closes(self, event: Event) -> bool:
+        return event.event == "message_stop"
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/v1/messages")

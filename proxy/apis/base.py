@@ -11,13 +11,12 @@ the tool calls, the usage). Adding a provider is adding one such module to
 from __future__ import annotations
 
 import json
-import re
 
 import orjson
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..sse import Event
+from ..sse import Event, last_event
 
 
 @dataclass(slots=True)
@@ -87,28 +86,20 @@ def event_json(data: str) -> Any:
         return None
 
 
-_EVENT_BREAK = re.compile(rb"\r?\n\r?\n|\r\r")
-
-
-def last_event(tail: bytes) -> bytes | None:
-    """The last whole event of a stream's last bytes (None: the stream stops mid-event)."""
-    if not tail.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")):
-        return None
-    return _EVENT_BREAK.split(tail.rstrip(b"\r\n"))[-1]
-
-
 class WireAPIBase:
     """Defaults most wire APIs share; a module overrides what its API does differently."""
 
     assembler: type  # the Assembler class for this API's streams
-    # The stream's closing event (a line of it, matched from its start), for APIs that
-    # send one: after it the answer is whole, and the official SDKs stop reading there.
-    closing: re.Pattern[bytes] | None = None
+
+    def closes(self, event: Event) -> bool:
+        """Is this the stream's closing event? After it the answer is whole, and the
+        official SDKs stop reading there. (An API without one ends with its body.)"""
+        return False
 
     def stream_closed(self, tail: bytes) -> bool:
         """Whether a stream's last bytes end with its closing event, whole."""
-        event = last_event(tail) if self.closing is not None else None
-        return event is not None and self.closing.search(event) is not None
+        event = last_event(tail)
+        return event is not None and self.closes(event)
 
     def new_assembler(self) -> Assembler:
         return self.assembler()

@@ -9,7 +9,6 @@ kept as lists of pieces and joined in result().
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -355,8 +354,10 @@ class ChatAssembler:
 class OpenAIChat(WireAPIBase):
     name = "openai.chat"
     keys = RequestKeys(messages="messages", tools="tools")
-    closing = re.compile(rb"^data: ?\[DONE\]", re.M)
     assembler = ChatAssembler
+
+    def closes(self, event: Event) -> bool:
+        return event.data.startswith("[DONE]")  # as the official SDK reads it
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/chat/completions")

@@ -10,7 +10,6 @@ unfinished ones from `response.output_item.added` and the deltas received since.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..sse import Event
@@ -188,8 +187,10 @@ class ResponsesAssembler:
 class OpenAIResponses(WireAPIBase):
     name = "openai.responses"
     keys = RequestKeys(messages="input", system="instructions", tools="tools")
-    closing = re.compile(rb"^event: ?response\.(?:completed|incomplete|failed)\r?$", re.M)
     assembler = ResponsesAssembler
+
+    def closes(self, event: Event) -> bool:
+        return event.event in _FINAL
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/responses")

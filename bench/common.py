@@ -129,6 +129,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def writer_processes(pid: int) -> list[int]:
+    """tooltap's writer processes: the children of `pid` that multiprocessing spawned
+    (not its resource tracker), found by a scan of /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    spawned = b"spawn_main" in f.read()
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+            if parent == pid and spawned:
+                found.append(int(entry))
+    return found
+
+
 def thread_cpu_seconds(pid: int) -> float:
     """CPU time of a process's threads to the nanosecond (/proc/PID/task/*/schedstat),
     where /proc/PID/stat counts 10 ms ticks; falls back to those. A thread that ended is

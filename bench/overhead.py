@@ -2,7 +2,7 @@
 
     python bench/overhead.py [--chunks 200] [--size 200] [--requests 200]
                              [--concurrency 32] [--seconds 10] [--rounds 5] [--big-mb 50]
-                             [--sweep 1,8,32,128] [--litellm EXE]
+                             [--sweep 1,8,32,128] [--litellm EXE] [--runs 5]
 
 Three processes on loopback: the upstream (bench/upstream.py: raw ASGI, uvicorn, uvloop,
 httptools), tooltap (`tooltap serve`, SQLite in a temporary directory) in front of it, and
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from common import (BENCH, cpu_seconds, free_port, machine, median, pct, proc_status, py_spy, reset_peak_rss,
-                    start_tooltap, stop, table, wait_port, write_results)
+                    start_tooltap, stop, table, wait_port, write_results, writer_processes)
 from upstream import chat_stream
 
 TARGET_ADDED_TTFB_MS = 1.0  # issue 10: median added time to first byte at concurrency 1
@@ -154,8 +154,25 @@ def main() -> int:
     ap.add_argument("--litellm", metavar="EXE",
                     help="also measure LiteLLM's proxy in the same run (the `litellm` command of a venv "
                          "with litellm[proxy], e.g. /tmp/litellm-venv/bin/litellm)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="run the whole measurement this many times, each with its own tooltap and upstream, "
+                         "and judge the targets by the median run (the 32-stream ratio moves by about 0.1 "
+                         "from run to run: bench/README.md)")
     a = ap.parse_args()
+    if a.runs <= 1:
+        return 0 if measure(a)["targets"]["all_met"] else 1
+    runs = []
+    for n in range(a.runs):
+        print(f"\n######## run {n + 1} of {a.runs} ########", flush=True)
+        runs.append(measure(a))
+    met = report_runs(runs)
+    out = write_results("overhead-runs", {"runs": runs, "medians_met": met})
+    print(f"\nresults: {out}")
+    return 0 if all(met.values()) else 1
 
+
+def measure(a) -> dict:
+    """One whole measurement: its own upstream and tooltap, the three phases, the report."""
     chunk_bytes = [len(e) for e in chat_stream(a.chunks, a.size)]
     expect = sum(chunk_bytes)
     path = f"/v1/chat/completions?n={a.chunks}&size={a.size}"
@@ -192,13 +209,17 @@ def main() -> int:
             print(f"[2/3] concurrency {a.concurrency}: {a.seconds:g} s per path in {a.rounds} rounds ...",
                   flush=True)
             pids = {"tooltap": tooltap.pid, "upstream": upstream.pid}
-            spy = None
+            writers = writer_processes(tooltap.pid)  # the writer process (none with --sink drop)
+            if writers:
+                pids["writer"] = writers[0]
+            spies = []
             if a.profile:
                 Path(a.profile).mkdir(parents=True, exist_ok=True)
-                spy = subprocess.Popen([py_spy(), "record", "--pid", str(tooltap.pid), "--format", "raw",
-                                        "--threads", "--rate", "250", "--nonblocking",
-                                        "--output", str(Path(a.profile) / "tooltap-load.txt")],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for name in ("tooltap", "writer") if writers else ("tooltap",):
+                    spies.append(subprocess.Popen(
+                        [py_spy(), "record", "--pid", str(pids[name]), "--format", "raw", "--threads",
+                         "--rate", "250", "--nonblocking", "--output", str(Path(a.profile) / f"{name}-load.txt")],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 time.sleep(1.0)
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
             settle_url = f"http://127.0.0.1:{tt_port}/_tooltap/api/health" if a.settle else None
@@ -208,7 +229,7 @@ def main() -> int:
                              "settle_url": settle_url},
                             timeout=a.seconds * 6 + 180)
             cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
-            if spy is not None:
+            for spy in spies:
                 stop(spy, timeout=20)
             cpu["client"] = ld["_client_cpu_s"]
             results["load"] = {}
@@ -254,7 +275,27 @@ def main() -> int:
     report(results, a)
     out = write_results("overhead", results)
     print(f"\nresults: {out}")
-    return 0 if results["targets"]["all_met"] else 1
+    return results
+
+
+def report_runs(runs: list[dict]) -> dict:
+    """Each run's three hot-path figures, their medians, and the targets judged by them."""
+    figures = [("added TTFB at c=1, ms", "added_ttfb_ms_c1", lambda v: v <= TARGET_ADDED_TTFB_MS),
+               ("added total at c=1, ms", "added_total_ms_c1", lambda v: v <= TARGET_ADDED_TOTAL_MS),
+               ("throughput tooltap/direct", "throughput_ratio", lambda v: v >= TARGET_THROUGHPUT_RATIO)]
+    rows, met = [], {}
+    for label, key, ok in figures:
+        values = [r["targets"][key] for r in runs]
+        met[key] = ok(median(values))
+        rows.append([label, " ".join(f"{v:.2f}" for v in values), f"{median(values):.2f}",
+                     f"{sum(map(ok, values))} of {len(values)}", "MET" if met[key] else "NOT MET"])
+    print(f"\n== {len(runs)} runs: the hot path's figures, run by run ==")
+    print(table(rows, ["figure", "runs", "median", "runs met", "median met"]))
+    if any("memory" in r for r in runs):
+        met["memory_ok"] = all(r["targets"]["memory_ok"] for r in runs)
+        print(f"memory growth: {'MET' if met['memory_ok'] else 'NOT MET'} in every run"
+              if met["memory_ok"] else "memory growth: NOT MET in some run (see its table)")
+    return met
 
 
 def report(r: dict, a) -> None:
@@ -285,7 +326,8 @@ def report(r: dict, a) -> None:
     print(table(rows, ["path", "req/s", "chunks/s", "MB/s", "TTFB p50", "TTFB p90", "total p50", "total p90",
                        "requests", "errors"]))
     cpu = ld["cpu_seconds"]
-    print(f"CPU seconds over the whole load phase (both paths): tooltap {cpu['tooltap']:.1f}, upstream "
+    writer = f" (its writer process {cpu['writer']:.1f})" if "writer" in cpu else ""
+    print(f"CPU seconds over the whole load phase (both paths): tooltap {cpu['tooltap']:.1f}{writer}, upstream "
           f"{cpu['upstream']:.1f}, client {cpu['client']:.1f}; tooltap: "
           f"{ld['tooltap_cpu_ms_per_request']:.2f} ms CPU per proxied request")
 

@@ -91,8 +91,10 @@ def turn(request: Request, turn_id: int):
     body, _ctype, _enc = _reader(request).raw(turn_id)
     timeline = _reader(request).timeline(turn_id) or []
     curl = as_curl(t, str(request.base_url))
+    numbers = transcript.turn_numbers(_reader(request), t["session_id"])
     return templates.TemplateResponse(request, "turn.html", {
-        "t": t, "curl": curl, "curl_file": curl.endswith("@" + request_file_name(t)), "raw": raw_view(body, timeline, t.get("duration_ms")),
+        "t": t, "n": numbers.get(turn_id), "of": len(numbers), "parent_n": numbers.get(t.get("parent_id")),
+        "curl": curl, "curl_file": curl.endswith("@" + request_file_name(t)), "raw": raw_view(body, timeline, t.get("duration_ms")),
         "calls": [transcript.call_view(c) for c in t["tool_calls"]],
     })
 

@@ -51,6 +51,7 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
                                 Turn.duration_ms)
                          .where(Turn.session_id == session_id).order_by(Turn.id)).all()
         ids = [p.id for p in points]
+        numbers = {id: n for n, id in enumerate(ids, 1)}
         start = bisect.bisect_right(ids, after) if after is not None else 0
         shown = ids[start:start + limit]
         before = ids[start - 1] if start else None
@@ -76,11 +77,11 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
             if v["system"]:
                 _mark_system(v["system"], last_system is None, last_system)
                 last_system = v["system"]["hash"]
-            v["branch"] = _branch(t, children[t.parent_id])
+            _number(v, t, numbers, children[t.parent_id])
             views.append(v)
         return {**session_json(s), "turn_views": views, "first_shown": start + 1,
                 "next_after": shown[-1] if start + limit < len(ids) else None,
-                "chart": chart([_point(p) for p in points])}
+                "chart": chart([_point(p, numbers[p.id]) for p in points])}
 
 
 # What a card never shows, left in the database: the stream's bytes and timing, and the
@@ -117,10 +118,10 @@ def _mark_system(system: dict, first: bool, previous: str | None) -> None:
     system["show"] = system["first"] or system["changed"]
 
 
-def _point(p) -> dict:
-    """One turn of the chart (`usage` as JSON text)."""
+def _point(p, n: int) -> dict:
+    """One turn of the chart, the session's `n`th (`usage` as JSON text)."""
     tokens_in, tokens_out = tokens(orjson.loads(p.usage) if p.usage else None)
-    return {"id": p.id, "tokens_in": tokens_in, "tokens_out": tokens_out,
+    return {"id": p.id, "n": n, "tokens_in": tokens_in, "tokens_out": tokens_out,
             "ttft_ms": rounded_ms(p.ttft_ms), "duration_ms": rounded_ms(p.duration_ms)}
 
 
@@ -138,8 +139,25 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
             _mark_system(v["system"], parent is None, prev["hash"] if prev else None)
         siblings = db.exec(select(Turn.id).where(Turn.parent_id == t.parent_id, Turn.session_id == t.session_id)
                            .order_by(Turn.id)).all()
-        v["branch"] = _branch(t, list(siblings))
+        _number(v, t, _turn_numbers(db, t.session_id), list(siblings))
         return v
+
+
+def turn_numbers(reader: Reader, session_id: str) -> dict[int, int]:
+    """Turn id -> its place in its session (1 for the first): what the pages call a turn.
+    The id, which counts the turns of every session together, is shown as #id."""
+    with DB(reader.engine) as db:
+        return _turn_numbers(db, session_id)
+
+
+def _turn_numbers(db: DB, session_id: str) -> dict[int, int]:
+    ids = db.exec(select(Turn.id).where(Turn.session_id == session_id).order_by(Turn.id)).all()
+    return {id: n for n, id in enumerate(ids, 1)}
+
+
+def _number(v: dict, t: Turn, numbers: dict[int, int], siblings: list[int]) -> None:
+    v["n"] = numbers.get(t.id)
+    v["branch"] = _branch(t, siblings, numbers)
 
 
 def _calls(db: DB, ids: list[int], mcp: tuple[dict, dict] = ({}, {})) -> dict[int, list[dict]]:
@@ -188,12 +206,13 @@ class Chains:
         return out
 
 
-def _branch(t: Turn, siblings: list[int]) -> dict | None:
+def _branch(t: Turn, siblings: list[int], numbers: dict[int, int]) -> dict | None:
     """A turn whose parent already had an earlier child is a retry or an edit."""
     if t.parent_id is None or len(siblings) < 2:
         return None
     n = siblings.index(t.id) + 1
-    return {"parent": t.parent_id, "n": n, "of": len(siblings), "siblings": siblings}
+    return {"parent": numbers.get(t.parent_id), "parent_id": t.parent_id, "n": n, "of": len(siblings),
+            "siblings": [numbers.get(i) for i in siblings]}
 
 
 def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn | None,
@@ -385,7 +404,7 @@ def _mean(run: list[dict]) -> dict:
         values = [v[key] for v in run if v[key] is not None]
         return round(sum(values) / len(values), digits) if values else None
 
-    return {"id": run[0]["id"], "label": f"turns {run[0]['id']}-{run[-1]['id']} (mean)",
+    return {"id": run[0]["id"], "label": f"turns {run[0]['n']}-{run[-1]['n']} (mean)",
             "tokens_in": mean("tokens_in", None), "tokens_out": mean("tokens_out", None),
             "ttft_ms": mean("ttft_ms"), "duration_ms": mean("duration_ms")}
 
@@ -412,7 +431,7 @@ def chart(views: list[dict]) -> dict | None:
         bars.append({"x": round(x + step * 0.15, 1), "w": round(max(step * 0.7, 1), 1),
                      "y_in": round(base - h_in, 1), "h_in": round(h_in, 1),
                      "y_out": round(base - h_in - h_out, 1), "h_out": round(h_out, 1),
-                     "id": v["id"], "tip": f"{v.get('label') or 'turn ' + str(v['id'])}: {ti} in, {to} out tokens; "
+                     "id": v["id"], "tip": f"{v.get('label') or 'turn ' + str(v['n'])}: {ti} in, {to} out tokens; "
                                            f"ttft {v['ttft_ms']} ms, total {v['duration_ms']} ms"})
         cx = round(x + step / 2, 1)
         if v["duration_ms"] is not None:

@@ -24,7 +24,14 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
         assert [t["status"] for t in turns] == ["ok", "upstream_error", "ok"]
         assert turns[1]["parent_id"] == turns[2]["parent_id"] == turns[0]["id"]
         html = httpx.get(f"{d.url}/_tooltap/sessions/{seattle['id']}").text
-        assert "branch 2/2" in html and "Service temporarily unavailable" in html
+        assert "branch 2/2 from turn 1 " in html and "Service temporarily unavailable" in html
+        # Its turns are named by their places in it, whatever their ids (other sessions came first).
+        assert turns[0]["id"] > 1
+        for n, t in enumerate(turns, 1):
+            assert f'turn {n} <span class="turn-id">#{t["id"]}</span>' in html
+        page = httpx.get(f"{d.url}/_tooltap/turns/{turns[2]['id']}").text
+        assert f'turn 3 <span class="muted">of 3 · #{turns[2]["id"]}</span>' in page
+        assert f'turn 1 <span class="muted">#{turns[0]["id"]}</span>' in page  # its parent
         schemas = httpx.get(f"{d.url}/_tooltap/schemas", params={"a": f"turn:{turns[0]['id']}",
                                                                  "b": f"turn:{turns[2]['id']}"}).text
         assert "weather › get_forecast" in schemas and "$.parameters.properties.days" in schemas

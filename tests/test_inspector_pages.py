@@ -324,11 +324,12 @@ def test_the_schemas_page_without_tool_sets_says_how_to_get_some(tooltap):
 def test_a_long_sessions_chart_draws_a_bar_per_run_of_turns():
     from inspector_ui.transcript import MAX_BARS, chart
 
-    views = [{"id": 1000 + i, "tokens_in": 100 + i, "tokens_out": 10, "ttft_ms": 5.0, "duration_ms": 50.0 + i}
-             for i in range(3 * MAX_BARS + 7)]
+    views = [{"id": 1000 + i, "n": 1 + i, "tokens_in": 100 + i, "tokens_out": 10, "ttft_ms": 5.0,
+              "duration_ms": 50.0 + i} for i in range(3 * MAX_BARS + 7)]
     c = chart(views)
     assert 0 < len(c["bars"]) <= MAX_BARS
-    assert c["bars"][0]["id"] == 1000 and c["bars"][0]["tip"].startswith("turns 1000-1003 (mean): 102 in, 10 out")
+    # Named by their places in the session; the bar links to the first by its id.
+    assert c["bars"][0]["id"] == 1000 and c["bars"][0]["tip"].startswith("turns 1-4 (mean): 102 in, 10 out")
     last_run = views[len(views) // 4 * 4:]  # runs of 4: the last one has the 3 turns left
     assert c["max_tok"] == round(sum(v["tokens_in"] for v in last_run) / len(last_run)) + 10
     assert len(chart(views[:MAX_BARS])["bars"]) == MAX_BARS  # short sessions: one bar a turn

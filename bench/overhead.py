@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from common import (BENCH, cpu_seconds, free_port, machine, median, pct, proc_status, py_spy, reset_peak_rss,
@@ -124,6 +126,57 @@ def memory_run(pid: int, port: int, path: str, db: Path, direct_port: int) -> di
     }
 
 
+class Timeline:
+    """Samples, every STEP seconds while the load runs, the CPU each part used (cores) and
+    tooltap's backlog, and prints them: which part the load waits for."""
+
+    STEP = 0.5
+
+    def __init__(self, pids: dict[str, int], health_url: str):
+        self.pids, self.health_url, self.rows = pids, health_url, []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> dict:
+        tooltap = self.pids["tooltap"]
+        loop = thread_cpu(tooltap, tooltap)
+        with open("/proc/stat") as f:
+            idle = sum(int(x) for x in f.readline().split()[4:6]) / os.sysconf("SC_CLK_TCK")
+        with urllib.request.urlopen(self.health_url, timeout=5) as r:
+            backlog = json.loads(r.read())["writer"]["backlog"]
+        return {"t": time.monotonic(), "loop": loop, "tooltap threads": cpu_seconds(tooltap) - loop,
+                **{k: cpu_seconds(p) for k, p in self.pids.items() if k != "tooltap"}, "idle": idle,
+                "backlog": backlog}
+
+    def _run(self) -> None:
+        last = self._sample()
+        print(f"{'s':>5} {'loop':>5} {'other threads':>13} " + " ".join(f"{k:>8}" for k in self.pids if k != "tooltap")
+              + f" {'idle':>5} {'backlog':>7}")
+        start = last["t"]
+        while not self._done.wait(self.STEP):
+            now = self._sample()
+            span = now["t"] - last["t"]
+            row = {k: (now[k] - last[k]) / span for k in now if k not in ("t", "backlog")}
+            self.rows.append({"s": now["t"] - start, **row, "backlog": now["backlog"]})
+            print(f"{now['t'] - start:5.1f} {row['loop']:5.2f} {row['tooltap threads']:13.2f} "
+                  + " ".join(f"{row[k]:8.2f}" for k in self.pids if k != "tooltap")
+                  + f" {row['idle']:5.2f} {now['backlog']:7d}", flush=True)
+            last = now
+
+    def stop(self) -> list[dict]:
+        self._done.set()
+        self._thread.join(10)
+        return self.rows
+
+
+def thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds of one thread (the event loop's is the process's main thread)."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def summarize_latency(d: dict) -> dict:
     return {"n": len(d["total"]),
             "ttfb_ms": {"p50": median(d["ttfb"]) * 1e3, "p90": pct(d["ttfb"], 0.9) * 1e3},
@@ -148,6 +201,10 @@ def main() -> int:
                     help='diagnostics: run bench/variant.py ARGS instead of `tooltap serve`, e.g. "--sink drop"')
     ap.add_argument("--settle", action="store_true",
                     help="between load rounds, wait until tooltap's writer has no backlog (else 0.2 s)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="during the load phase, print every half second where the CPU goes (tooltap's event "
+                         "loop thread and its other threads, its writer, the upstream, the idle cores) and the "
+                         "writer's backlog")
     ap.add_argument("--profile", metavar="DIR",
                     help="record tooltap with py-spy during the load phase (collapsed stacks into DIR; "
                          "summarize with bench/pyspy_top.py)")
@@ -221,6 +278,7 @@ def measure(a) -> dict:
                          "--rate", "250", "--nonblocking", "--output", str(Path(a.profile) / f"{name}-load.txt")],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 time.sleep(1.0)
+            timeline = Timeline(pids, f"http://127.0.0.1:{tt_port}/_tooltap/api/health") if a.timeline else None
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
             settle_url = f"http://127.0.0.1:{tt_port}/_tooltap/api/health" if a.settle else None
             ld = run_client({"mode": "load", "targets": targets, "path": path, "expect_bytes": expect,
@@ -229,6 +287,8 @@ def measure(a) -> dict:
                              "settle_url": settle_url},
                             timeout=a.seconds * 6 + 180)
             cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+            if timeline is not None:
+                results["timeline"] = timeline.stop()
             for spy in spies:
                 stop(spy, timeout=20)
             cpu["client"] = ld["_client_cpu_s"]

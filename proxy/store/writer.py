@@ -219,8 +219,8 @@ class Writer:
             if hasattr(self.live, "publish_all"):  # the writer process's pipe: one message per batch
                 self.live.publish_all(events)
             else:
-                for event in events:
-                    self.live.publish_threadsafe(event)
+                for stored in events:
+                    self.live.publish_threadsafe(stored)
         if self.on_stored is not None:
             self.on_stored(events)
         return []

@@ -94,7 +94,8 @@ def turn(request: Request, turn_id: int):
     numbers = transcript.turn_numbers(_reader(request), t["session_id"])
     return templates.TemplateResponse(request, "turn.html", {
         "t": t, "n": numbers.get(turn_id), "of": len(numbers), "parent_n": numbers.get(t.get("parent_id")),
-        "curl": curl, "curl_file": curl.endswith("@" + request_file_name(t)), "raw": raw_view(body, timeline, t.get("duration_ms")),
+        "curl": curl, "curl_file": curl.endswith("@" + request_file_name(t)),
+        "raw": raw_view(body, timeline, t.get("duration_ms")),
         "calls": [transcript.call_view(c) for c in t["tool_calls"]],
     })
 

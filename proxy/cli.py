@@ -246,8 +246,9 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
         try:
             with demo_mod.running(db_url=db_url, host=host, port=port, ui_token=ui_token) as d:
                 d.play_all()
-                click.echo("tooltap demo: played two Cline sessions (Chinese and English), parallel tool calls, an upstream "
-                           "error and an aborted stream through tooltap.")
+                click.echo("tooltap demo: played two Cline sessions (Chinese and English; the English one's MCP "
+                           "server recorded too), parallel tool calls, an upstream error and an aborted stream "
+                           "through tooltap.")
                 click.echo(f"tooltap demo: inspector at {d.inspector}{'?token=' + ui_token if ui_token else ''}")
                 click.echo(f"tooltap demo: agents would use base URL {d.url}  (Ctrl-C to stop)")
                 while True:

@@ -2,9 +2,11 @@
 
 A newcomer with no API key runs one command and sees the inspector working: the real
 cline-weather session (Cline 3.x through DeepSeek, an MCP call, task_progress, "result
-missing" pairing) and an English one beside it (a retried request, a changed tool set), a generic agent making parallel tool calls (one with an argument outside
-its schema), an upstream error (Anthropic 529) and a stream the upstream drops halfway.
-Every scenario goes through tooltap over real HTTP, exactly like an agent's traffic.
+missing" pairing) and an English one beside it (a retried request, a changed tool set,
+and the weather MCP server's side of its call, as `tooltap mcp` records it), a generic
+agent making parallel tool calls (one with an argument outside its schema), an
+upstream error (Anthropic 529) and a stream the upstream drops halfway. Every scenario
+goes through tooltap over real HTTP, exactly like an agent's traffic.
 """
 
 from __future__ import annotations
@@ -63,6 +65,35 @@ class Step:
     path: str
     body: dict | bytes
     reply: Reply
+    # The MCP traffic the agent's tool call caused before its next request: (direction,
+    # JSON-RPC message, seconds after the one before), recorded as `tooltap mcp` records.
+    mcp: tuple[tuple[str, dict, float], ...] = ()
+
+
+def weather_server(tools: list[dict], arguments: dict, answer: str) -> tuple[tuple[str, dict, float], ...]:
+    """The weather MCP server's side of a Cline session: initialize, tools/list (the tools
+    as the server describes them, before Cline renamed them and prefixed their
+    descriptions) and one tools/call with its answer."""
+    from .mcp.messages import FROM_SERVER, TO_SERVER
+
+    listed = [{"name": fn["name"].split("0mcp0", 1)[1], "description": fn["description"].split(": ", 1)[1],
+               "inputSchema": fn["parameters"]}
+              for fn in (t["function"] for t in tools) if "0mcp0" in fn["name"]]
+    version = "2025-06-18"
+    return (
+        (TO_SERVER, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "Cline", "version": "3.17.9"}}}, 0),
+        (FROM_SERVER, {"jsonrpc": "2.0", "id": 0, "result": {
+            "protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": "weather", "version": "1.9.4"}}}, 0.012),
+        (TO_SERVER, {"jsonrpc": "2.0", "method": "notifications/initialized"}, 0.001),
+        (TO_SERVER, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, 0.001),
+        (FROM_SERVER, {"jsonrpc": "2.0", "id": 1, "result": {"tools": listed}}, 0.003),
+        (TO_SERVER, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                     "params": {"name": "get_forecast", "arguments": arguments}}, 0.02),
+        (FROM_SERVER, {"jsonrpc": "2.0", "id": 2, "result": {  # the server asked weather.gov
+            "content": [{"type": "text", "text": answer}], "isError": False}}, 0.18),
+    )
 
 
 def cline_weather(delay: float = 0.0) -> list[Step]:
@@ -193,7 +224,9 @@ def cline_seattle(delay: float = 0.0) -> list[Step]:
                        {"prompt_tokens": 12240, "completion_tokens": 31, "total_tokens": 12271}, "stop", "chatcmpl-sea2")
     busy = Reply.json({"error": {"message": "Service temporarily unavailable, retry", "type": "overloaded"}},
                       status=503)
-    return [Step("/chat/completions", turn1, Reply.sse(answer1, delay=delay)),
+    mcp = weather_server(first["tools"], {"latitude": 47.6062, "longitude": -122.3321},
+                         forecast.split("Result:\n\n", 1)[1])
+    return [Step("/chat/completions", turn1, Reply.sse(answer1, delay=delay), mcp),
             Step("/chat/completions", turn2, busy),  # Cline retries the same request
             Step("/chat/completions", turn2, Reply.sse(answer2, delay=delay))]
 
@@ -268,6 +301,7 @@ class Demo:
     url: str  # tooltap's base URL
     app: object  # the TooltapApp
     router: Router
+    mcp: object  # the MCP recorder (proxy.mcp.store.Recorder) of the scenarios' MCP traffic
 
     @property
     def inspector(self) -> str:
@@ -286,12 +320,25 @@ class Demo:
                     statuses.append(r.status_code)
                 except httpx.HTTPError:  # the aborted stream: the agent sees a cut connection
                     statuses.append(0)
+                if step.mcp:
+                    self._record_mcp(step.mcp)
         return statuses
+
+    def _record_mcp(self, messages: tuple[tuple[str, dict, float], ...]) -> None:
+        """In real time: the agent's next request comes after the server's answer."""
+        from .mcp.store import Connection, new_id
+
+        conn = Connection(new_id(), "stdio", fallback="weather", command="uv run weather.py")
+        for direction, message, after in messages:
+            time.sleep(after)
+            self.mcp.record(conn, direction, json.dumps(message, ensure_ascii=False).encode())
+        self.mcp.ended(conn, 0)
 
     def play_all(self, delay: float = 0.0) -> None:
         for steps in all_scenarios(delay):
             self.play(steps)
         self.app.writer.flush()
+        self.mcp.flush()
 
 
 @contextmanager
@@ -300,8 +347,11 @@ def running(db_url: str | None = None, host: str = "127.0.0.1", port: int | None
     """tooltap and its scripted upstream, both served in this process."""
     from .app import TooltapApp
 
+    from .mcp.store import Recorder
+
     with tempfile.TemporaryDirectory(prefix="tooltap-demo-") as tmp:
         started: list[Served] = []  # stopped whatever happens, before the folder goes
+        recorder = None
         try:
             router = Router()
             upstream = Served(ScriptedUpstream({"/chat/completions": router, "/v1/messages": router}),
@@ -314,9 +364,13 @@ def running(db_url: str | None = None, host: str = "127.0.0.1", port: int | None
             server = Served(app, host, port or free_port(host))
             started.append(server)
             server.start()
+            recorder = Recorder(settings.db_url, Path(tmp) / "mcp-spool")
+            recorder.start()
             shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-            yield Demo(f"http://{shown}:{server.port}", app, router)
+            yield Demo(f"http://{shown}:{server.port}", app, router, recorder)
         finally:
+            if recorder is not None:
+                recorder.close()
             for served in reversed(started):
                 served.stop()
 

@@ -29,6 +29,12 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
         assert turns[0]["id"] > 1
         for n, t in enumerate(turns, 1):
             assert f'turn {n} <span class="turn-id">#{t["id"]}</span>' in html
+        # Its MCP server's side was recorded too, and the call is tied to the turn that made it.
+        servers = httpx.get(d.url + "/_tooltap/api/mcp/servers").json()["servers"]
+        assert [(s["name"], s["calls"], s["errors"]) for s in servers] == [("weather", 1, 0)]
+        mcp_page = httpx.get(d.url + "/_tooltap/mcp/weather").text
+        assert f'#turn-{turns[0]["id"]}">turn #{turns[0]["id"]}</a>' in mcp_page
+        assert "<code>get_alerts</code>, <code>get_forecast</code>" in mcp_page  # its tools/list
         page = httpx.get(f"{d.url}/_tooltap/turns/{turns[2]['id']}").text
         assert f'turn 3 <span class="muted">of 3 · #{turns[2]["id"]}</span>' in page
         assert f'turn 1 <span class="muted">#{turns[0]["id"]}</span>' in page  # its parent

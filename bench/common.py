@@ -122,9 +122,9 @@ def reset_peak_rss(pid: int) -> bool:
         return False
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process (or of one of its threads), from /proc's stat."""
+    with open(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

@@ -140,7 +140,7 @@ class Timeline:
 
     def _sample(self) -> dict:
         tooltap = self.pids["tooltap"]
-        loop = thread_cpu(tooltap, tooltap)
+        loop = cpu_seconds(tooltap, thread=tooltap)  # the event loop's: the main thread's
         with open("/proc/stat") as f:
             idle = sum(int(x) for x in f.readline().split()[4:6]) / os.sysconf("SC_CLK_TCK")
         with urllib.request.urlopen(self.health_url, timeout=5) as r:
@@ -168,13 +168,6 @@ class Timeline:
         self._done.set()
         self._thread.join(10)
         return self.rows
-
-
-def thread_cpu(pid: int, tid: int) -> float:
-    """CPU seconds of one thread (the event loop's is the process's main thread)."""
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summarize_latency(d: dict) -> dict:
@@ -353,8 +346,8 @@ def report_runs(runs: list[dict]) -> dict:
     print(table(rows, ["figure", "runs", "median", "runs met", "median met"]))
     if any("memory" in r for r in runs):
         met["memory_ok"] = all(r["targets"]["memory_ok"] for r in runs)
-        print(f"memory growth: {'MET' if met['memory_ok'] else 'NOT MET'} in every run"
-              if met["memory_ok"] else "memory growth: NOT MET in some run (see its table)")
+        print("memory growth: MET in every run" if met["memory_ok"] else
+              "memory growth: NOT MET in some run (see its table)")
     return met
 
 

@@ -51,7 +51,7 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
                                 Turn.duration_ms)
                          .where(Turn.session_id == session_id).order_by(Turn.id)).all()
         ids = [p.id for p in points]
-        numbers = {id: n for n, id in enumerate(ids, 1)}
+        numbers = _places(ids)
         start = bisect.bisect_right(ids, after) if after is not None else 0
         shown = ids[start:start + limit]
         before = ids[start - 1] if start else None
@@ -151,8 +151,11 @@ def turn_numbers(reader: Reader, session_id: str) -> dict[int, int]:
 
 
 def _turn_numbers(db: DB, session_id: str) -> dict[int, int]:
-    ids = db.exec(select(Turn.id).where(Turn.session_id == session_id).order_by(Turn.id)).all()
-    return {id: n for n, id in enumerate(ids, 1)}
+    return _places(db.exec(select(Turn.id).where(Turn.session_id == session_id).order_by(Turn.id)).all())
+
+
+def _places(ids: list[int]) -> dict[int, int]:
+    return {turn_id: n for n, turn_id in enumerate(ids, 1)}
 
 
 def _number(v: dict, t: Turn, numbers: dict[int, int], siblings: list[int]) -> None:
@@ -211,7 +214,7 @@ def _branch(t: Turn, siblings: list[int], numbers: dict[int, int]) -> dict | Non
     if t.parent_id is None or len(siblings) < 2:
         return None
     n = siblings.index(t.id) + 1
-    return {"parent": numbers.get(t.parent_id), "parent_id": t.parent_id, "n": n, "of": len(siblings),
+    return {"parent": numbers.get(t.parent_id), "n": n, "of": len(siblings),
             "siblings": [numbers.get(i) for i in siblings]}
 
 

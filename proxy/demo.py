@@ -346,7 +346,6 @@ def running(db_url: str | None = None, host: str = "127.0.0.1", port: int | None
             ui_token: str | None = None) -> Iterator[Demo]:
     """tooltap and its scripted upstream, both served in this process."""
     from .app import TooltapApp
-
     from .mcp.store import Recorder
 
     with tempfile.TemporaryDirectory(prefix="tooltap-demo-") as tmp:

@@ -32,6 +32,9 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
         # Its MCP server's side was recorded too, and the call is tied to the turn that made it.
         servers = httpx.get(d.url + "/_tooltap/api/mcp/servers").json()["servers"]
         assert [(s["name"], s["calls"], s["errors"]) for s in servers] == [("weather", 1, 0)]
+        # The Chinese session ran before that server was recorded: its calls are not news.
+        chinese = next(s for s in sessions if s["title"].startswith("华盛顿"))
+        assert httpx.get(f"{d.url}/_tooltap/api/mcp/sessions/{chinese['id']}").json()["unreached"] == []
         mcp_page = httpx.get(d.url + "/_tooltap/mcp/weather").text
         assert f'#turn-{turns[0]["id"]}">turn #{turns[0]["id"]}</a>' in mcp_page
         assert "<code>get_alerts</code>, <code>get_forecast</code>" in mcp_page  # its tools/list

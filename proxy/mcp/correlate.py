@@ -229,16 +229,18 @@ def _llm_calls(db: DB, turns: list[Turn]) -> list[LlmCall]:
     return out
 
 
-def _servers_alive(db: DB, start: float, end: float) -> set[str]:
-    rows = db.exec(select(McpConnection.server).where(McpConnection.started_at <= end + UNASKED_AFTER)
+def _servers_alive(db: DB, start: float, end: float, slack: float = UNASKED_AFTER) -> set[str]:
+    """The servers recorded at some time from `start` to `slack` seconds after `end`."""
+    rows = db.exec(select(McpConnection.server).where(McpConnection.started_at <= end + slack)
                    .where((McpConnection.ended_at.is_(None)) | (McpConnection.ended_at >= start))).all()
     return set(rows)
 
 
 def _tapped(db: DB, c: LlmCall) -> bool:
-    """Was the call's server recorded while the call was due? Only then is a missing MCP
-    request news."""
-    return c.server in _servers_alive(db, c.turn_started, c.next_turn_at or c.turn_end)
+    """Was the call's server recorded while the call was due (a connection to it open
+    before the next turn)? Only then is a missing MCP request news: one recorded a little
+    later, for another session, says nothing about this call."""
+    return c.server in _servers_alive(db, c.turn_started, c.next_turn_at or c.turn_end, slack=0.0)
 
 
 def _why_unreached(c: LlmCall) -> str:

@@ -80,7 +80,8 @@ def tools(request: Request, session_id: str):
     s = _queries(request).session_summary(session_id)
     if found is None or s is None:
         raise HTTPException(404, f"no session {session_id}")
-    return templates.TemplateResponse(request, "tools.html", {"s": s, "tools": found})
+    return templates.TemplateResponse(request, "tools.html", {
+        "s": s, "tools": found, "numbers": transcript.turn_numbers(_reader(request), session_id)})
 
 
 @router.get("/turns/{turn_id}")

@@ -49,7 +49,7 @@ def schemas(request: Request, a: str = "", b: str = ""):
     db_url = request.app.state.tooltap.settings.db_url
     sets = reader.tool_sets()
     choices = [{"value": f"turn:{s['turn_id']}",
-                "label": f"turn {s['turn_id']} · {s['model'] or '?'} · {s['tool_count']} tool"
+                "label": f"turn #{s['turn_id']} · {s['model'] or '?'} · {s['tool_count']} tool"
                          f"{'s' if s['tool_count'] != 1 else ''} · session {s['session_id']} · "
                          f"{shown_time(s['seen_at'])}"} for s in sets]
     if not a and len(choices) >= 2:

@@ -38,6 +38,8 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
         mcp_page = httpx.get(d.url + "/_tooltap/mcp/weather").text
         assert f'#turn-{turns[0]["id"]}">turn #{turns[0]["id"]}</a>' in mcp_page
         assert "<code>get_alerts</code>, <code>get_forecast</code>" in mcp_page  # its tools/list
+        tools = httpx.get(f"{d.url}/_tooltap/sessions/{seattle['id']}/tools").text
+        assert f'1 call in turn <a href="/_tooltap/sessions/{seattle["id"]}#turn-{turns[0]["id"]}">1</a>' in tools
         page = httpx.get(f"{d.url}/_tooltap/turns/{turns[2]['id']}").text
         assert f'turn 3 <span class="muted">of 3 · #{turns[2]["id"]}</span>' in page
         assert f'turn 1 <span class="muted">#{turns[0]["id"]}</span>' in page  # its parent

@@ -204,7 +204,7 @@ def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):
     assert "cIya4J0mcp0get_forecast" in html and "gemini" in html
     assert "weather › get_forecast" in html  # decoded beside the raw name
     label = re.search(r'<option value="turn:1"[^>]*>([^<]+)</option>', html).group(1)
-    assert re.fullmatch(r"turn 1 · deepseek-chat · 15 tools · session \w+ · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+",
+    assert re.fullmatch(r"turn #1 · deepseek-chat · 15 tools · session \w+ · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+",
                         label), label  # times as every page writes them
     assert get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:99"}).status_code == 200
 

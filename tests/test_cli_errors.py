@@ -120,6 +120,11 @@ def test_read_commands_never_create_a_database(tmp_path, args):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_read_command_given_a_folder_says_so(tmp_path):
+    r = run("stats", "--db", str(tmp_path), cwd=tmp_path)
+    assert_one_line_error(r, "it is a folder")
+
+
 def test_schemas_errors_on_odd_input(tmp_path):
     db = tmp_path / "t.db"
     from proxy.store.db import open_database

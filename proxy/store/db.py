@@ -77,13 +77,13 @@ def open_database(url: str, *, create: bool = True) -> Engine:
                                   "or postgresql+psycopg://USER:PASSWORD@HOST/DB")
     path = sqlite_path(url)
     if path is not None:
+        if path.is_dir():
+            raise DatabaseUnavailable(f"cannot use {path} as the database: it is a folder")
         if not create and not path.is_file():
             raise DatabaseUnavailable(f"no tooltap database at {path} (run `tooltap serve` first, "
                                       "or give --db / TOOLTAP_DB)")
         if not path.parent.is_dir():
             raise DatabaseUnavailable(f"cannot create the database {path}: the folder {path.parent} does not exist")
-        if path.is_dir():
-            raise DatabaseUnavailable(f"cannot use {path} as the database: it is a folder")
         if create:
             try:
                 create_private(str(path))

@@ -63,7 +63,6 @@ def _secret_names(ctx, param, values):
 
 
 @main.command()
-@otlp_options
 @click.option("--upstream", "upstreams", multiple=True, callback=_upstream, metavar="URL | NAME=URL",
               help="Where to forward. A bare URL is served at the root; NAME=URL under /NAME/. Repeatable.")
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
@@ -101,6 +100,7 @@ def _secret_names(ctx, param, values):
 @click.option("--turn-header", is_flag=True, envvar="TOOLTAP_TURN_HEADER",
               help="Add X-Tooltap-Turn: UID to every forwarded response; GET /_tooltap/api/turns/uid/UID?wait=5 "
                    "then gives that turn (a test finds its own turn without polling). Env: TOOLTAP_TURN_HEADER=1.")
+@otlp_options  # listed last in --help
 def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers,
           shutdown_grace, max_connections, mcp_servers, workers, writers, turn_header) -> None:
     """Forward agent traffic to the upstream and record every turn."""
@@ -171,8 +171,8 @@ def _check_port(host: str, port: int) -> None:
     if error.errno == errno.EADDRINUSE:
         # Suggest a port that is free now, not merely the next one.
         free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bind_error(host, p) is None), None)
-        hint = f"stop it or give --port {free}" if free else "stop it or give another --port"
-        raise EnvironmentProblem(f"port {port} on {host} is already in use (another tooltap?): {hint}")
+        hint = f"stop what holds it or give --port {free}" if free else "stop what holds it or give another --port"
+        raise EnvironmentProblem(f"port {port} on {host} is already in use: {hint}")
     raise EnvironmentProblem(f"cannot listen on {host}:{port}: {error.strerror or error}")
 
 

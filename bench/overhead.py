@@ -144,7 +144,7 @@ class Timeline:
         with open("/proc/stat") as f:
             idle = sum(int(x) for x in f.readline().split()[4:6]) / os.sysconf("SC_CLK_TCK")
         with urllib.request.urlopen(self.health_url, timeout=5) as r:
-            backlog = json.loads(r.read())["writer"]["backlog"]
+            backlog = json.loads(r.read()).get("writer", {}).get("backlog", 0)  # none: turns dropped
         return {"t": time.monotonic(), "loop": loop, "tooltap threads": cpu_seconds(tooltap) - loop,
                 **{k: cpu_seconds(p) for k, p in self.pids.items() if k != "tooltap"}, "idle": idle,
                 "backlog": backlog}

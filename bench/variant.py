@@ -1,5 +1,7 @@
 """tooltap with parts switched off, to see where its overhead goes (diagnostics only; the
-real benchmark runs `tooltap serve`). Serves exactly as `tooltap serve` does otherwise.
+real benchmark runs `tooltap serve`). Serves as `tooltap serve` does, but on uvicorn's
+own HTTP protocol rather than tooltap's guarded one (proxy/connections.py: deadlines
+on heads and bodies, a connection cap), and without its signal handling.
 
     python bench/variant.py --upstream URL --db PATH --port N [--sink drop|journal] [--no-capture]
                             [--switch-interval SECONDS]

@@ -161,6 +161,9 @@ def _places(ids: list[int]) -> dict[int, int]:
 def _number(v: dict, t: Turn, numbers: dict[int, int], siblings: list[int]) -> None:
     v["n"] = numbers.get(t.id)
     v["branch"] = _branch(t, siblings, numbers)
+    # A later turn whose history holds no earlier turn of the session: the same first
+    # request again (a retry, a re-run) or another conversation under one session name.
+    v["starts_over"] = t.parent_id is None and v["n"] not in (None, 1)
 
 
 def _calls(db: DB, ids: list[int], mcp: tuple[dict, dict] = ({}, {})) -> dict[int, list[dict]]:

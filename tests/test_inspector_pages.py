@@ -295,6 +295,20 @@ def test_upstream_errors_show_their_message_and_the_list_shows_the_status(toolta
     assert "no status &#39;failed&#39;" in get(tooltap, "/_tooltap/", params={"status": "failed"}).text
 
 
+def test_a_first_request_sent_again_is_marked_as_starting_over(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json(
+        {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}]})
+    for _ in range(3):
+        httpx.post(tooltap.url + "/chat/completions", json={"model": "m", "messages": [
+            {"role": "user", "content": "the same question, asked three times"}]}).raise_for_status()
+    turns = tooltap.api("/turns")["turns"]
+    assert len({t["session_id"] for t in turns}) == 1 and {t["parent_id"] for t in turns} == {None}
+    html = get(tooltap, f"/_tooltap/sessions/{turns[0]['session_id']}").text
+    cards = html.split('class="turn-no"')[1:]
+    assert ["starts over" in card.split("</header>")[0] for card in cards] == [False, True, True]
+
+
 def test_a_one_turn_session_charts_dots_and_every_page_writes_its_times_alike(tooltap, upstream):
     upstream.routes["/chat/completions"] = Reply.json(
         {"id": "c", "object": "chat.completion", "created": 1, "model": "m",

@@ -20,6 +20,8 @@ import socket
 import sys
 import time
 
+from common import writer_backlog
+
 SYSTEM = "You are a careful coding agent. " * 32  # ~1 KB, sent every request
 _counter = itertools.count()
 
@@ -204,17 +206,9 @@ async def settle(health_url: str | None, limit: float = 60.0) -> None:
     await asyncio.sleep(0.2)
     deadline = time.monotonic() + limit
     while health_url and time.monotonic() < deadline:
-        health = await asyncio.to_thread(_get_json, health_url)
-        if not health.get("writer", {}).get("backlog"):
+        if not await asyncio.to_thread(writer_backlog, health_url):
             return
         await asyncio.sleep(0.05)
-
-
-def _get_json(url: str) -> dict:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
 
 
 async def one(spec: dict) -> dict:

@@ -129,6 +129,15 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def writer_backlog(health_url: str) -> int:
+    """Turns tooltap's writer has not stored yet, from `/_tooltap/api/health` (0 when no
+    writer runs: a variant that drops the turns)."""
+    import urllib.request
+
+    with urllib.request.urlopen(health_url, timeout=10) as r:
+        return json.loads(r.read()).get("writer", {}).get("backlog", 0)
+
+
 def writer_processes(pid: int) -> list[int]:
     """tooltap's writer processes: the children of `pid` that multiprocessing spawned
     (not its resource tracker), found by a scan of /proc."""

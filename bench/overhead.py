@@ -32,11 +32,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from common import (BENCH, cpu_seconds, free_port, machine, median, pct, proc_status, py_spy, reset_peak_rss,
-                    start_tooltap, stop, table, wait_port, write_results, writer_processes)
+                    start_tooltap, stop, table, wait_port, write_results, writer_backlog,
+                    writer_processes)
 from upstream import chat_stream
 
 TARGET_ADDED_TTFB_MS = 1.0  # issue 10: median added time to first byte at concurrency 1
@@ -143,11 +143,9 @@ class Timeline:
         loop = cpu_seconds(tooltap, thread=tooltap)  # the event loop's: the main thread's
         with open("/proc/stat") as f:
             idle = sum(int(x) for x in f.readline().split()[4:6]) / os.sysconf("SC_CLK_TCK")
-        with urllib.request.urlopen(self.health_url, timeout=5) as r:
-            backlog = json.loads(r.read()).get("writer", {}).get("backlog", 0)  # none: turns dropped
         return {"t": time.monotonic(), "loop": loop, "tooltap threads": cpu_seconds(tooltap) - loop,
                 **{k: cpu_seconds(p) for k, p in self.pids.items() if k != "tooltap"}, "idle": idle,
-                "backlog": backlog}
+                "backlog": writer_backlog(self.health_url)}
 
     def _run(self) -> None:
         last = self._sample()
@@ -182,13 +180,14 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=200,
                     help="bytes per event (a chat.completion.chunk envelope alone is ~176 bytes)")
     ap.add_argument("--requests", type=int, default=200, help="requests per path at concurrency 1")
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=32, help="streams at once in the load phase")
     ap.add_argument("--sweep", metavar="N,N,...", default="",
                     help="also a shorter load at each of these concurrencies (e.g. 1,8,32,128): how the "
                          "cost grows with concurrency")
     ap.add_argument("--sweep-seconds", type=float, default=4.0, help="load time per path at each sweep step")
     ap.add_argument("--seconds", type=float, default=10.0, help="load time per path (split into rounds)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="load rounds per path, alternating direct and tooltap (plus one warm-up round)")
     ap.add_argument("--big-mb", type=int, default=50, help="size of the memory test stream (0: skip)")
     ap.add_argument("--variant", metavar="ARGS",
                     help='diagnostics: run bench/variant.py ARGS instead of `tooltap serve`, e.g. "--sink drop"')

@@ -15,7 +15,7 @@ import click
 from . import malloc, stacks
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
 from .mcp.cli import mcp as mcp_command
-from .replay.cli import export, replay
+from .replay.cli import db_option, export, replay
 from .har.cli import import_command
 from .otel.cli import otel, otlp_options
 from .schemas.cli import schemas
@@ -67,7 +67,8 @@ def _secret_names(ctx, param, values):
               help="Where to forward. A bare URL is served at the root; NAME=URL under /NAME/. Repeatable.")
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
               help="Database URL (sqlite:///FILE or postgresql+psycopg://...).")
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; one that is not loopback needs --ui-token.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds to wait for each upstream read; slow models think before they speak.")
@@ -215,7 +216,8 @@ def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; one that is not loopback needs --ui-token.")
 @click.option("--port", default=None, type=click.IntRange(1, 65535),
               help="Default: 8000, or a free port when 8000 is taken.")
 @click.option("--db", "db_url", default=None,
@@ -264,7 +266,8 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
 
 
 @main.command()
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True)
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
+              help="The tooltap database (env: TOOLTAP_DB).")
 def redecode(db_url) -> None:
     """Decode every stored session again (after upgrading tooltap's decoders).
 
@@ -304,7 +307,8 @@ def _age(ctx, param, value):
               help="Give the space back. SQLite, auto: in short steps (a database made before tooltap had "
                    "prune is converted by one full VACUUM); full: VACUUM, which also repacks half-empty pages "
                    "but holds the writer off while it runs. Postgres: plain VACUUM either way.")
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True)
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
+              help="The tooltap database (env: TOOLTAP_DB).")
 def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
     """Delete old turns, and the sessions, messages and blobs nothing else uses.
 
@@ -349,7 +353,7 @@ def _vacuum_note(how: str) -> str:
 @main.command()
 @click.option("--days", default=7, show_default=True, type=click.IntRange(1, 366), help="Days of growth shown.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True)
+@db_option
 def stats(days, as_json, db_url) -> None:
     """Turns, sessions, database size and growth per day (UTC)."""
     import json

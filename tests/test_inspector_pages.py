@@ -335,6 +335,16 @@ def test_the_schemas_page_without_tool_sets_says_how_to_get_some(tooltap):
     assert "<select" not in html  # no choice to offer
 
 
+def test_the_schemas_page_with_one_tool_set_says_what_it_waits_for(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": []})
+    tool = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}
+    httpx.post(tooltap.url + "/chat/completions",
+               json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool]})
+    html = get(tooltap, "/_tooltap/schemas").text
+    turn = tooltap.api("/turns")["turns"][0]["id"]
+    assert "One tool set stored so far" in html and f"tooltap schemas diff turn:{turn} after.json" in html
+
+
 def test_a_long_sessions_chart_draws_a_bar_per_run_of_turns():
     from inspector_ui.transcript import MAX_BARS, chart
 

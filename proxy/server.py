@@ -183,6 +183,9 @@ def serve(app, *, host: str, port: int, log_level: str = "info", grace: float = 
         app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE,
         access_log=False,  # uvicorn would log ?key= in clear
         server_header=False, date_header=False,  # the upstream's headers, not ours
+        # X-Forwarded-* from the agent are the upstream's business: not read, not a
+        # middleware every forwarded request passes through.
+        proxy_headers=False,
         http=functools.partial(GuardedHttpProtocol, limits=Limits(max_connections=cap)),
     )
     server = TooltapServer(config, grace=grace, on_stop=lambda t: setattr(app, "stop_by", t))

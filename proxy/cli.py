@@ -22,7 +22,40 @@ from .schemas.cli import schemas
 from .secrets import add_secret_names
 
 
-@click.group()
+class UsageProblem(click.ClickException):
+    """A mistake in the command line, said in one line (click puts its usage line and a
+    hint above it, three lines for a misspelt flag): exit 2, as click's own."""
+
+    exit_code = 2
+
+
+_BARE_GROUP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 and later
+
+
+@contextlib.contextmanager
+def _said_in_one_line():
+    try:
+        yield
+    except _BARE_GROUP:
+        raise  # a group run bare: its help, as click prints it
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "tooltap"
+        raise UsageProblem(f"{exc.format_message()} (see '{where} --help')") from exc
+
+
+class _Commands(click.Group):
+    """tooltap's command group: usage errors anywhere below it come out as one line."""
+
+    def make_context(self, *args, **kwargs):
+        with _said_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _said_in_one_line():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="tooltap")
 def main() -> None:
     """tooltap: a logging reverse proxy and tool-call inspector for LLM agents."""
@@ -215,7 +248,7 @@ def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
             "prompt and tool result to the network. Give --ui-token TOKEN (or set TOOLTAP_UI_TOKEN).")
 
 
-@main.command()
+@main.command(short_help="A scripted upstream and recorded sessions: no API key needed.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; one that is not loopback needs --ui-token.")
 @click.option("--port", default=None, type=click.IntRange(1, 65535),
@@ -265,7 +298,7 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
         click.echo("tooltap demo: stopped")
 
 
-@main.command()
+@main.command(short_help="Decode every stored session again (after an upgrade).")
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
               help="The tooltap database (env: TOOLTAP_DB).")
 def redecode(db_url) -> None:
@@ -298,7 +331,7 @@ def _age(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
-@main.command()
+@main.command(short_help="Delete old turns, and what no remaining turn uses.")
 @click.option("--older-than", "older_than", required=True, callback=_age, metavar="AGE",
               help="Delete turns started longer ago than this: 90m, 12h, 30d, 2w.")
 @click.option("--keep-errors", is_flag=True, help="Keep turns whose status is not ok (and what they need).")

@@ -137,3 +137,24 @@ def test_schemas_errors_on_odd_input(tmp_path):
                     + "{}" + "}}" * 5000 + "}")
     r = run("schemas", "convert", "--to", "gemini", str(deep))
     assert_one_line_error(r)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["serve", "--uptream", "http://127.0.0.1:9"], ["'--uptream'", "Did you mean '--upstream'", "serve --help"]),
+    (["serv"], ["'serv'", "Did you mean 'serve'", "proxy --help"]),
+    (["replay", "session"], ["Missing argument", "replay session --help"]),
+    (["prune", "--older-than", "3x"], ["'3x' is not an age", "prune --help"]),
+])
+def test_a_command_line_mistake_is_one_line_without_the_usage_above_it(args, needles):
+    r = run(*args)
+    assert r.returncode == 2
+    assert_one_line_error(r, *needles)
+    assert r.stderr.strip().count("\n") == 0, r.stderr  # click would print its usage and a hint first
+
+
+def test_a_bare_group_still_shows_its_help_and_every_summary_whole():
+    for group in ([], ["replay"], ["schemas"], ["otel"]):
+        r = run(*group)
+        listing = (r.stdout + r.stderr).split("Commands:")[1]
+        assert "Usage:" in r.stdout + r.stderr and "Error" not in r.stdout + r.stderr, r
+        assert not [line for line in listing.splitlines() if line.endswith("...")], listing  # cut at 80 columns

@@ -39,7 +39,7 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
     return len(har["log"]["entries"])
 
 
-@click.command("import")
+@click.command("import", short_help="Load a HAR file (devtools, mitmproxy, tooltap) into the store.")
 @click.argument("path", metavar="FILE.har", type=click.Path(dir_okay=False))
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
               help="The tooltap database to load into (created if missing; env: TOOLTAP_DB).")

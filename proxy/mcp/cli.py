@@ -19,7 +19,8 @@ class WrapperProblem(click.ClickException):
     exit_code = 2
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(short_help="Run a stdio MCP server and record its messages.",
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--name", default=None, metavar="NAME",
               help="The server's name in the inspector (default: the serverInfo.name of its answer to initialize). "
                    "Give the name the agent knows it by, so its tool calls are tied to the MCP calls.")

@@ -63,12 +63,12 @@ def otlp_options(command):
     return endpoint_option(content_option(run))
 
 
-@click.group()
+@click.group(short_help="Stored turns as OpenTelemetry GenAI spans.")
 def otel() -> None:
     """OpenTelemetry: stored turns as GenAI spans for Jaeger, Tempo, Langfuse, Phoenix..."""
 
 
-@otel.command("export")
+@otel.command("export", short_help="Send stored sessions to an OTLP collector, a trace each.")
 @click.argument("session_ids", nargs=-1, metavar="[SESSION ...]")
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
               help="The tooltap database to read (env: TOOLTAP_DB).")

@@ -42,14 +42,14 @@ def _emit(result: ReplayResult, fmt: str) -> None:
     click.echo({"text": render_text, "json": render_json, "markdown": render_markdown}[fmt](result))
 
 
-@click.group()
+@click.group(short_help="Replay stored sessions: through the converters, or live.")
 def replay() -> None:
     """Replay stored sessions: through the converters, against their recording, or live."""
 
 
 # -- replay tools: converter replay (proxy/replay/tools.py) ------------------------------
 
-@replay.command("tools")
+@replay.command("tools", short_help="What each provider format loses of the stored tools and calls.")
 @click.argument("session_ids", nargs=-1, metavar="[SESSION ...]")
 @click.option("--all", "all_sessions", is_flag=True, help="Every stored session.")
 @db_option
@@ -109,7 +109,7 @@ def _progress(total: int):
 
 # -- replay session: recorded (proxy/replay/recorded.py) and live (proxy/replay/live.py) --
 
-@replay.command("session")
+@replay.command("session", short_help="Replay SESSION and compare the answers with the recording.")
 @click.argument("session_id", metavar="SESSION")
 @db_option
 @click.option("--recorded", is_flag=True, help="Serve the stored response bytes as the upstream.")

@@ -91,7 +91,7 @@ def show(source: str, db_url: str | None, fmt: str) -> None:
         click.echo(toolset_text(ts, counts))
 
 
-@schemas.command()
+@schemas.command(short_help="Convert a tool set to another provider's format; report the losses.")
 @click.argument("source")
 @click.option("--to", "target", type=click.Choice(TARGETS), required=True)
 @click.option("--profile", type=click.Choice(list(PROFILES)), default="faithful",

@@ -35,7 +35,7 @@ from common import (BENCH, cpu_seconds, free_port, median, start_tooltap, start_
 SYSCALLS = ("read", "write", "epoll_pwait")
 
 
-def count_syscalls(pid: int, seconds: float) -> dict[str, float] | None:
+def count_syscalls(pid: int, seconds: float) -> dict[str, int] | None:
     """System calls of `pid` (all its threads) over `seconds`, or None without perf."""
     if not shutil.which("perf"):
         time.sleep(seconds)
@@ -75,7 +75,7 @@ def one_run(a, upstream_url: str, folder: Path) -> dict:
             os.kill(pid, signal.SIGCONT)
         stop(tooltap)
     rate = result["requests"] / result["elapsed"]
-    n = rate * (t1 - t0)
+    n = rate * (t1 - t0)  # requests in the measured window, at the run's mean rate
     run = {"req_s": rate, "cpu_us": (cpu1 - cpu0) * 1e6 / n, "writer_cpu_us": (wcpu1 - wcpu0) * 1e6 / n,
            "errors": result["errors"]}
     if calls:

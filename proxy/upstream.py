@@ -80,6 +80,8 @@ class Response:
         self._headers_done = False
         self.complete = False
         self._waiter: asyncio.Future | None = None
+        self._wait_began = 0.0
+        self._timer: asyncio.TimerHandle | None = None  # the read timeout (_check_silence)
 
     def header(self, name: str) -> str | None:
         key = name.encode().lower()
@@ -110,28 +112,45 @@ class Response:
 
     def release(self) -> None:
         """Done with the answer: a finished one leaves its connection for the next request."""
+        self.stop_timer()
         self._conn.finished(self)
 
     def close(self) -> None:
         """Cut short: the connection is closed, so the upstream stops generating."""
+        self.stop_timer()
         self._conn.close()
+
+    def stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     # -- fed by the connection -----------------------------------------------------------
 
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
+        self._wait_began = loop.time()
         timeout = self._conn.pool.read_timeout
-        timer = loop.call_later(timeout, self._time_out) if timeout else None
+        if timeout and self._timer is None:
+            self._timer = loop.call_later(timeout, self._check_silence)
         try:
             await self._waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
 
-    def _time_out(self) -> None:
-        self._fail(asyncio.TimeoutError())
+    def _check_silence(self) -> None:
+        """The read timeout: one timer an answer, moved on when it fires early, instead of
+        one set and cancelled around each wait (a dozen an answer, 1.3 us each)."""
+        self._timer = None
+        if self._waiter is None:
+            return  # between two waits: the next one sets it again
+        loop = asyncio.get_running_loop()
+        left = self._wait_began + self._conn.pool.read_timeout - loop.time()
+        if left > 0:
+            self._timer = loop.call_later(left, self._check_silence)
+        else:
+            self._fail(asyncio.TimeoutError())
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -327,6 +346,7 @@ class Client:
                     raise response._error
                 await response._wait()
         except BaseException:  # a timeout, a failure, a cancel, an agent gone: this socket is done
+            response.stop_timer()
             conn.close()
             raise
         return response

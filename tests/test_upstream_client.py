@@ -147,6 +147,32 @@ async def test_silence_times_out_and_broken_answers_are_named():
     await client.close()
 
 
+async def test_the_read_timeout_counts_each_silence_not_the_whole_answer():
+    """Pieces 0.15 s apart over more than four timeouts of 0.3 s: never silent for 0.3 s,
+    so never timed out (the one timer an answer is moved on, not left to fire); then a
+    0.6 s silence is, and the timer is gone once the answer is done."""
+    pieces = [b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n"]
+    for _ in range(9):
+        pieces += [0.15, b"x"]
+    async with Script(lambda head: [*pieces, 0.6, b"y"]) as up:
+        client = Client(read_timeout=0.3)
+        response = await client.request("GET", up.origin, "/", [], b"")
+        got = b""
+        while len(got) < 9:
+            got += await response.read()
+        assert got == b"x" * 9
+        with pytest.raises(TimeoutError):
+            await response.read()
+        response.close()
+        assert response._timer is None
+    async with Script(lambda head: ok(b"done")) as up:
+        response = await client.request("GET", up.origin, "/", [], b"")
+        assert await read_all(response) == b"done"
+        response.release()
+        assert response._timer is None  # nothing left to fire for an answer handed back
+    await client.close()
+
+
 async def test_bytes_after_the_answer_do_not_change_it_and_the_connection_is_not_reused():
     extra = ok(b"first") + b"HTTP/1.1 500 Oops\r\ncontent-length: 0\r\n\r\n"
     async with Script(lambda head: extra) as up:

@@ -71,7 +71,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._expect("head")
 
     def connection_lost(self, exc) -> None:
-        self._expect(None)
+        self._done_with_deadlines()
         self.pool.forget(self)
         cycle = self.cycle
         super().connection_lost(exc)
@@ -80,7 +80,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 hang_up()
 
     def handle_websocket_upgrade(self) -> None:
-        self._expect(None)
+        self._done_with_deadlines()
         self.pool.forget(self)  # the connection is the websocket protocol's from here
         super().handle_websocket_upgrade()
 
@@ -123,25 +123,42 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- deadlines -----------------------------------------------------------------------
 
     def _expect(self, owed: str | None) -> None:
+        """What the client owes from now. One timer a connection, set no later than the
+        deadline: when it fires it checks what is owed then, and since when, and moves
+        itself on if there is time left. Kept-alive requests that come and go within the
+        head timeout set no timer at all, where one was set and cancelled for each head
+        and body."""
+        self._owed, self._since, self._bytes = owed, self.loop.time(), 0
+        if owed is None:
+            return
+        due = self._since + self._allowed()
+        if self._timer is not None and self._timer.when() > due:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None:
+            self._timer = self.loop.call_at(due, self._expired)
+
+    def _allowed(self) -> float:
+        if self._owed == "head":
+            return self.limits.head_timeout
+        return self.limits.body_timeout + self._bytes / self.limits.body_min_rate  # more if it keeps coming
+
+    def _done_with_deadlines(self) -> None:
+        """The connection is closing or no longer HTTP's: nothing owed, no timer left."""
+        self._expect(None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._owed, self._since, self._bytes = owed, self.loop.time(), 0
-        if owed == "head":
-            self._timer = self.loop.call_later(self.limits.head_timeout, self._expired)
-        elif owed == "body":
-            self._timer = self.loop.call_later(self.limits.body_timeout, self._expired)
 
     def _expired(self) -> None:
         self._timer = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._owed is None:
+            return  # nothing owed now: the next head or body sets it again
+        left = self._since + self._allowed() - self.loop.time()
+        if left > 0.01:
+            self._timer = self.loop.call_later(left, self._expired)
             return
         if self._owed == "body":
-            allowed = self.limits.body_timeout + self._bytes / self.limits.body_min_rate
-            left = self._since + allowed - self.loop.time()
-            if left > 0.01:  # it kept coming: more time, in proportion
-                self._timer = self.loop.call_later(left, self._expired)
-                return
             why = (f"the client was too slow sending its request body ({self._bytes} bytes "
                    f"in {self.loop.time() - self._since:.0f} s); tooltap answered 408")
             if self.cycle is not None:
@@ -153,7 +170,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refuse("head", b"408 Request Timeout", "request head too slow", answer=self._bytes > 0)
 
     def _refuse(self, kind: str, status: bytes, message: str, answer: bool = True) -> None:
-        self._expect(None)
+        self._done_with_deadlines()
         self.pool.notes.add(kind)
         if not answer:
             self.transport.close()
@@ -211,7 +228,7 @@ class _Pool:
         victim = next((p for p in (*self.unserved, *self.kept) if p is not proto), None)
         if victim is not None:
             self.forget(victim)
-            victim._expect(None)
+            victim._done_with_deadlines()
             victim.transport.close()
             self.notes.add("evicted")
             return True

@@ -123,6 +123,35 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_and_recorded(guarded, upstream):
     assert "too slow sending its request body" in tt.api(f"/turns/{turn['id']}")["error"]
 
 
+def test_a_head_on_a_kept_alive_connection_gets_its_whole_time_counted_from_its_first_byte(guarded, upstream):
+    """The connection's one deadline timer may have been set for an earlier request: a
+    head started later is refused a head timeout after its own first byte, not sooner."""
+    upstream.routes["/chat/completions"] = Reply.sse(SSE)
+    tt = guarded(head_timeout=1.0)
+    s = connect(tt.server.port)
+    body = b'{"model": "m", "stream": true, "messages": []}'
+    request = (b"POST /chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    for _ in range(3):  # served at once, 0.2 s apart
+        s.sendall(request)
+        answer = b""
+        while not answer.endswith(b"0\r\n\r\n"):
+            answer += s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ") and SSE in answer
+        time.sleep(0.2)
+    began = time.monotonic()
+    answer = None
+    for byte in request[:40]:  # a head a byte at a time
+        s.send(bytes([byte]))
+        time.sleep(0.05)
+        answer = closed_by_server(s)
+        if answer is not None:
+            break
+    waited = time.monotonic() - began
+    assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
+    assert 0.9 <= waited < 1.6, waited
+
+
 def test_a_refused_client_that_keeps_sending_is_closed_after_the_linger(guarded):
     """The 408 is followed by a half-close and a short drain, not by a socket left open."""
     from proxy.connections import LINGER

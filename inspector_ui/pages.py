@@ -44,6 +44,25 @@ def when(value) -> Markup | str:
 _env.filters["when"] = when
 
 
+def usage_line(usage) -> str:
+    """A provider's usage object in one line, nested counts by their path:
+    `prompt_tokens 12 · completion_tokens 9 · prompt_tokens_details.cached_tokens 0`."""
+    if not isinstance(usage, dict):
+        return json.dumps(usage)
+
+    def items(d: dict, prefix: str = ""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from items(v, f"{prefix}{k}.")
+            elif v is not None:
+                yield f"{prefix}{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{prefix}{k} {v}"
+
+    return " · ".join(items(usage)) or "{}"
+
+
+_env.filters["usage_line"] = usage_line
+
+
 def _reader(request: Request):
     return request.app.state.reader
 

@@ -64,7 +64,7 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
             children.setdefault(p.parent_id, []).append(p.id)
         chains = Chains(db, session_id)
         blobs = _window_blobs(db, [by_id[i] for i in shown], by_id, chains)
-        calls = _calls(db, shown, mcp_marks(db, session_id))
+        calls = _calls(db, shown, mcp_marks(db, session_id), numbers)
         last_system = None
         if before is not None:  # the prompt the reader saw last, on the turn before the window
             prev = by_id[before]
@@ -132,14 +132,15 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         if t is None:
             return None
         parent = db.get(Turn, t.parent_id) if t.parent_id else None
-        v = turn_view(db, reader, t, _calls(db, [t.id], (mcp_links(db, t), {})).get(t.id, []), parent, {})
+        numbers = _turn_numbers(db, t.session_id)
+        v = turn_view(db, reader, t, _calls(db, [t.id], (mcp_links(db, t), {}), numbers).get(t.id, []), parent, {})
         if v["system"]:
             blobs: dict[str, Any] = {}
             prev = _system(db, reader, parent, _chain(db, parent), blobs) if parent else None
             _mark_system(v["system"], parent is None, prev["hash"] if prev else None)
         siblings = db.exec(select(Turn.id).where(Turn.parent_id == t.parent_id, Turn.session_id == t.session_id)
                            .order_by(Turn.id)).all()
-        _number(v, t, _turn_numbers(db, t.session_id), list(siblings))
+        _number(v, t, numbers, list(siblings))
         return v
 
 
@@ -166,8 +167,10 @@ def _number(v: dict, t: Turn, numbers: dict[int, int], siblings: list[int]) -> N
     v["starts_over"] = t.parent_id is None and v["n"] not in (None, 1)
 
 
-def _calls(db: DB, ids: list[int], mcp: tuple[dict, dict] = ({}, {})) -> dict[int, list[dict]]:
-    """`mcp`: (tool_calls.id -> MCP link, tool_calls.id -> why it never reached its server)."""
+def _calls(db: DB, ids: list[int], mcp: tuple[dict, dict] = ({}, {}),
+           numbers: dict[int, int] | None = None) -> dict[int, list[dict]]:
+    """`mcp`: (tool_calls.id -> MCP link, tool_calls.id -> why it never reached its server);
+    `numbers`: the session's turns by their place, to name the turn an MCP result went to."""
     links, unreached = mcp
     out: dict[int, list[dict]] = {}
     if ids:
@@ -175,6 +178,8 @@ def _calls(db: DB, ids: list[int], mcp: tuple[dict, dict] = ({}, {})) -> dict[in
                          .order_by(ToolCallRow.turn_id, ToolCallRow.index)):
             v = call_view(tool_call_json(c, links.get(c.id)))
             v["mcp_unreached"] = unreached.get(c.id)
+            if v.get("mcp") and numbers:
+                v["mcp"]["next_turn_n"] = numbers.get(v["mcp"].get("next_turn_id"))
             out.setdefault(c.turn_id, []).append(v)
     return out
 
@@ -426,6 +431,7 @@ def chart(views: list[dict]) -> dict | None:
     n = len(views)
     step = (CHART_W - 2 * PAD) / n
     max_tok = max([(v["tokens_in"] or 0) + (v["tokens_out"] or 0) for v in views] + [1])
+    counted = any(v["tokens_in"] or v["tokens_out"] for v in views)  # else no token axis ("1 tok") nor key
     max_ms = max([v["duration_ms"] or 0 for v in views] + [1])
     usable = CHART_H - PAD  # bars stand on a baseline PAD/2 above the bottom, PAD/2 headroom
     bars, total_pts, ttft_pts = [], [], []
@@ -437,7 +443,8 @@ def chart(views: list[dict]) -> dict | None:
         bars.append({"x": round(x + step * 0.15, 1), "w": round(max(step * 0.7, 1), 1),
                      "y_in": round(base - h_in, 1), "h_in": round(h_in, 1),
                      "y_out": round(base - h_in - h_out, 1), "h_out": round(h_out, 1),
-                     "id": v["id"], "tip": f"{v.get('label') or 'turn ' + str(v['n'])}: {ti} in, {to} out tokens; "
+                     "id": v["id"], "tip": f"{v.get('label') or 'turn ' + str(v['n'])}: "
+                                           f"{f'{ti} in, {to} out tokens' if counted else 'no token counts'}; "
                                            f"ttft {v['ttft_ms']} ms, total {v['duration_ms']} ms"})
         cx = round(x + step / 2, 1)
         if v["duration_ms"] is not None:
@@ -450,4 +457,5 @@ def chart(views: list[dict]) -> dict | None:
               "dot": pts[0].split(",") if len(pts) == 1 else None}
              for kind, label, pts in (("total", "total latency", total_pts), ("ttft", "time to first byte", ttft_pts))
              if pts]
-    return {"w": CHART_W, "h": CHART_H, "bars": bars, "lines": lines, "max_tok": max_tok, "max_ms": round(max_ms, 1)}
+    return {"w": CHART_W, "h": CHART_H, "bars": bars, "lines": lines, "max_tok": max_tok if counted else None,
+            "max_ms": round(max_ms, 1)}

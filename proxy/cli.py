@@ -36,8 +36,9 @@ _BARE_GROUP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 an
 def _said_in_one_line():
     try:
         yield
-    except _BARE_GROUP:
-        raise  # a group run bare: its help, as click prints it
+    except _BARE_GROUP as exc:  # a group run bare: its help, as `--help` gives it
+        click.echo(exc.ctx.get_help())
+        exc.ctx.exit(0)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "tooltap"
         raise UsageProblem(f"{exc.format_message()} (see '{where} --help')") from exc
@@ -286,6 +287,9 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
                            "through tooltap.")
                 click.echo(f"tooltap demo: inspector at {d.inspector}{'?token=' + ui_token if ui_token else ''}")
                 click.echo(f"tooltap demo: agents would use base URL {d.url}  (Ctrl-C to stop)")
+                if live_every > 0:
+                    click.echo(f"tooltap demo: every {live_every:g} s a slowly streamed turn comes in, to watch "
+                               "the live view (--live-every 0: none)")
                 while True:
                     if live_every > 0:
                         time.sleep(live_every)

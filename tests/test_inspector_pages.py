@@ -323,6 +323,7 @@ def test_a_one_turn_session_charts_dots_and_every_page_writes_its_times_alike(to
     assert '<span class="key k-total">●</span> total latency' in chart
     assert "<b>1</b> turn</span>" in session and "<b>0</b> errors</span>" in session
     pages = [session, get(tooltap, "/_tooltap/").text, get(tooltap, f"/_tooltap/turns/{turn['id']}").text]
+    assert "<code>prompt_tokens 5 · completion_tokens 1 · total_tokens 6</code>" in pages[2]  # not raw JSON
     times = [re.findall(r'<time datetime="([^"]+)"[^>]*>([^<]+)</time>', html) for html in pages]
     assert all(times), times
     for stamp, shown in sum(times, []):
@@ -357,6 +358,27 @@ def test_a_long_sessions_chart_draws_a_bar_per_run_of_turns():
     last_run = views[len(views) // 4 * 4:]  # runs of 4: the last one has the 3 turns left
     assert c["max_tok"] == round(sum(v["tokens_in"] for v in last_run) / len(last_run)) + 10
     assert len(chart(views[:MAX_BARS])["bars"]) == MAX_BARS  # short sessions: one bar a turn
+
+
+def test_usage_reads_as_one_line_with_nested_counts_by_their_path():
+    from inspector_ui.pages import usage_line
+
+    usage = {"input_tokens": 1200, "output_tokens": 9, "cache_read_input_tokens": None,
+             "prompt_tokens_details": {"cached_tokens": 1024}, "service_tier": "<b>standard</b>"}
+    assert usage_line(usage) == ("input_tokens 1,200 · output_tokens 9 · prompt_tokens_details.cached_tokens 1,024"
+                                 " · service_tier <b>standard</b>")  # escaped by the template, as all text
+    assert usage_line([1, 2]) == "[1, 2]"
+
+
+def test_a_chart_without_token_counts_draws_no_token_axis():
+    from inspector_ui.transcript import chart
+
+    views = [{"id": 7 + i, "n": 1 + i, "tokens_in": None, "tokens_out": None, "ttft_ms": 5.0,
+              "duration_ms": 50.0} for i in range(3)]
+    c = chart(views)
+    assert c["max_tok"] is None and "no token counts" in c["bars"][0]["tip"]  # was an axis of "1 tok"
+    views[1]["tokens_out"] = 12
+    assert chart(views)["max_tok"] == 12
 
 
 def test_the_filter_choices_refresh_without_holding_a_page(many, monkeypatch):

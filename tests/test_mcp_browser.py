@@ -34,9 +34,11 @@ def test_session_page_shows_the_mcp_chain(make_tooltap, upstream, page):
     # Built-in tools have no chain.
     assert page.locator("[data-testid=tool-call]", has_text="list_files").locator(
         "[data-testid=mcp-chain]").count() == 0
-    # The link to the next turn lands on the turn that carried the result.
+    # The link to the next turn names it by its place, and lands on the turn that carried the result.
+    carried = tooltap.api(f"/sessions/{s['id']}")["turns"][3]["id"]
+    assert chain.locator("[data-step=agent] a").inner_text() == f"turn 4 #{carried}"
     chain.locator("[data-step=agent] a").click()
-    assert page.url.endswith("#turn-" + str(tooltap.api(f"/sessions/{s['id']}")["turns"][3]["id"]))
+    assert page.url.endswith(f"#turn-{carried}")
 
     # The server's page: its tools/list, the call and the turn that asked for it.
     page.goto(f"{tooltap.url}/_tooltap/mcp")

@@ -42,7 +42,7 @@ def _emit(result: ReplayResult, fmt: str) -> None:
     click.echo({"text": render_text, "json": render_json, "markdown": render_markdown}[fmt](result))
 
 
-@click.group(short_help="Replay stored sessions: through the converters, or live.")
+@click.group(short_help="Replay stored sessions: converters, recording, or live.")
 def replay() -> None:
     """Replay stored sessions: through the converters, against their recording, or live."""
 

@@ -78,6 +78,7 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
                 _mark_system(v["system"], last_system is None, last_system)
                 last_system = v["system"]["hash"]
             _number(v, t, numbers, children[t.parent_id])
+            v["no_sequel"] = t.id not in children and t.id != ids[-1]  # its tool results will never come
             views.append(v)
         return {**session_json(s), "turn_views": views, "first_shown": start + 1,
                 "next_after": shown[-1] if start + limit < len(ids) else None,
@@ -141,6 +142,7 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         siblings = db.exec(select(Turn.id).where(Turn.parent_id == t.parent_id, Turn.session_id == t.session_id)
                            .order_by(Turn.id)).all()
         _number(v, t, numbers, list(siblings))
+        v["no_sequel"] = t.id != max(numbers) and db.exec(select(Turn.id).where(Turn.parent_id == t.id)).first() is None
         return v
 
 

@@ -309,6 +309,23 @@ def test_a_first_request_sent_again_is_marked_as_starting_over(tooltap, upstream
     assert ["starts over" in card.split("</header>")[0] for card in cards] == [False, True, True]
 
 
+def test_a_tool_call_whose_turn_no_later_turn_continues_says_its_result_will_not_come(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json(
+        {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+         "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "tool_calls": [
+             {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}}]})
+    for _ in range(2):  # the same first request again: the second starts over
+        httpx.post(tooltap.url + "/chat/completions", json={"model": "m", "messages": [
+            {"role": "user", "content": "list the files"}]}).raise_for_status()
+    first, second = sorted(t["id"] for t in tooltap.api("/turns")["turns"])
+    session = tooltap.api(f"/turns/{first}")["session_id"]
+    cards = get(tooltap, f"/_tooltap/sessions/{session}").text.split('class="turn-no"')[1:]
+    assert "no result: no later turn continues this one" in cards[0]
+    assert "no result (yet): it comes with the turn that continues this one" in cards[1]  # the last: it may
+    fragment = get(tooltap, f"/_tooltap/fragments/turn/{first}").text
+    assert "no later turn continues this one" in fragment
+
+
 def test_a_one_turn_session_charts_dots_and_every_page_writes_its_times_alike(tooltap, upstream):
     upstream.routes["/chat/completions"] = Reply.json(
         {"id": "c", "object": "chat.completion", "created": 1, "model": "m",

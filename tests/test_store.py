@@ -356,3 +356,44 @@ def test_a_flush_waiting_on_a_writer_that_dies_is_answered_by_its_successor(tmp_
         writer.close(timeout=10)
     with sqlite3.connect(tmp_path / "w.db") as conn:
         assert conn.execute("select count(*) from turns").fetchone()[0] == 1
+
+
+def test_the_spool_keeps_whole_lines_through_a_full_disk_and_a_torn_tail(tmp_path, monkeypatch):
+    """A write the disk cuts short leaves nothing behind; a torn line left by a killed run
+    is ended before the next append, so no turn is glued onto it; and a line that cannot
+    be set aside in `.bad` (the disk still full) stays, with the turns after it, for a
+    later replay instead of stopping the writer."""
+    s = spool.Spool(str(tmp_path / "spool.jsonl"))
+    s.append([_record(0, [{"role": "user", "content": "zero"}])])
+    whole = os.path.getsize(s.path)
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError):
+        s.append([_record(1, [{"role": "user", "content": "one"}])])
+    monkeypatch.setattr(os, "write", real_write)
+    assert os.path.getsize(s.path) == whole  # taken back
+
+    with open(s.path, "ab") as f:  # a run killed mid-line
+        f.write(b'{"started_at": 17000')
+    s.append([_record(2, [{"role": "user", "content": "two"}]), _record(3, [{"role": "user", "content": "three"}])])
+    real_open = open
+
+    def no_room_for_bad(path, *args, **kwargs):
+        if str(path).endswith(".bad"):
+            raise OSError(28, "No space left on device")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", no_room_for_bad)
+    got = [r.started_at for batch, _ in s.replay(100, 1 << 20) for r in batch]
+    assert got == [1_700_000_000]  # up to the torn line
+    assert s.done() is False and s.pending()  # the rest waits
+    monkeypatch.setattr("builtins.open", real_open)
+    got = [r.started_at for batch, _ in s.replay(100, 1 << 20) for r in batch]
+    assert got == [1_700_000_002, 1_700_000_003]  # the torn line went to .bad, the turns after it replayed
+    assert s.done() is True and not s.pending()
+    assert (tmp_path / "spool.jsonl.bad").read_bytes() == b'{"started_at": 17000\n'

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import threading
@@ -21,6 +22,8 @@ from .files import private
 from .journal import JournaledTurn
 
 _BYTES = ("request_body", "raw")
+
+log = logging.getLogger("tooltap.store")
 
 
 def encode(record: TurnRecord) -> str:
@@ -43,17 +46,36 @@ class Spool:
         self.path = path
         self._lock = threading.Lock()
         self.count = sum(_lines(p) for p in (path, self._replaying))  # turns waiting here
+        self._stuck_at: int | None = None  # a line replay could neither read nor move to .bad
 
     def append(self, records: list[TurnRecord]) -> None:
         self._append(self.path, records)
         self.count += len(records)
 
     def _append(self, path: str, records: list[TurnRecord]) -> None:
-        lines = "".join(encode(r) + "\n" for r in records)
-        with self._lock, open(path, "a", encoding="utf-8", opener=private) as f:
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
+        """Whole lines or nothing: a write the disk cuts short (full) is taken back, and a
+        line an earlier run left torn (killed mid-write) is ended first, so no turn's line
+        is ever glued onto a fragment and lost with it."""
+        data = "".join(encode(r) + "\n" for r in records).encode()  # ASCII (encode)
+        with self._lock:
+            fd = private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                if start and os.pread(fd, 1, start - 1) != b"\n":
+                    data = b"\n" + data
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                except OSError:
+                    try:
+                        os.ftruncate(fd, start)
+                    except OSError:
+                        pass
+                    raise
+            finally:
+                os.close(fd)
 
     @property
     def failed_path(self) -> str:
@@ -105,13 +127,25 @@ class Spool:
                     offsets.append(start)
                     size += len(line)
                 except (ValueError, TypeError, KeyError):
-                    with open(self.path + ".bad", "ab", opener=private) as bad:
-                        bad.write(line if line.endswith(b"\n") else line + b"\n")
+                    if not self._set_aside(line):
+                        self._stuck_at = start  # it and the lines after it wait for room
+                        break
                 if len(batch) >= max_records or size >= max_bytes:
                     yield batch, offsets
                     batch, offsets, size = [], [], 0
             if batch:
                 yield batch, offsets
+
+    def _set_aside(self, line: bytes) -> bool:
+        """Move a line that does not parse to `.bad`; False if the disk will not take it."""
+        try:
+            with open(self.path + ".bad", "ab", opener=private) as bad:
+                bad.write(line if line.endswith(b"\n") else line + b"\n")
+            return True
+        except OSError as exc:
+            log.error("spool: a line that does not parse could not be moved to %s.bad (%s); it and the turns "
+                      "after it stay in %s until there is room", self.path, exc.strerror or exc, self._replaying)
+            return False
 
     def stored(self, n: int) -> None:
         """`n` replayed turns are in the database."""
@@ -136,14 +170,20 @@ class Spool:
             except OSError:
                 pass
 
-    def done(self) -> None:
-        """The replayed turns are in the database (or back in the spool)."""
+    def done(self) -> bool:
+        """The replayed turns are in the database (or back in the spool). False when the
+        replay stopped at a line it could not set aside: the rest waits for the next one."""
+        if self._stuck_at is not None:
+            offset, self._stuck_at = self._stuck_at, None
+            self.keep_from(offset)
+            return False
         with self._lock:
             try:
                 os.remove(self._replaying)
             except FileNotFoundError:
                 pass
             self.count = _lines(self.path)
+        return True
 
 
 def _size(path: str) -> int:

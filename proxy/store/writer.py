@@ -332,7 +332,8 @@ class Writer:
                 self._retry_after = time.monotonic() + RETRY_SECONDS
                 break
         else:
-            self.spool.done()
+            if not self.spool.done():  # a line it could not set aside (a full disk): later
+                self._retry_after = time.monotonic() + RETRY_SECONDS
         if self.on_done is not None:  # the spool's count changed after its turns were announced
             self.on_done([])
         if replayed:

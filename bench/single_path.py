@@ -85,8 +85,8 @@ def one_run(a, upstream_url: str, folder: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=3, help="measurements, each with its own tooltap")
+    ap.add_argument("--concurrency", type=int, default=32, help="streams at once")
     ap.add_argument("--seconds", type=float, default=4.0, help="load time per run")
     ap.add_argument("--chunks", type=int, default=200, help="SSE events per response")
     ap.add_argument("--stop-writer", action="store_true", help="SIGSTOP the writer process for each run")

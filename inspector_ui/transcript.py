@@ -432,21 +432,20 @@ def chart(views: list[dict]) -> dict | None:
         views = [_mean(views[i:i + size]) for i in range(0, len(views), size)]
     n = len(views)
     step = (CHART_W - 2 * PAD) / n
-    max_tok = max([(v["tokens_in"] or 0) + (v["tokens_out"] or 0) for v in views] + [1])
-    counted = any(v["tokens_in"] or v["tokens_out"] for v in views)  # else no token axis ("1 tok") nor key
+    max_tok = max((v["tokens_in"] or 0) + (v["tokens_out"] or 0) for v in views)  # 0: no token axis nor key
     max_ms = max([v["duration_ms"] or 0 for v in views] + [1])
     usable = CHART_H - PAD  # bars stand on a baseline PAD/2 above the bottom, PAD/2 headroom
     bars, total_pts, ttft_pts = [], [], []
     for i, v in enumerate(views):
         x = PAD + i * step
         ti, to = v["tokens_in"] or 0, v["tokens_out"] or 0
-        h_in, h_out = usable * ti / max_tok, usable * to / max_tok
+        h_in, h_out = usable * ti / (max_tok or 1), usable * to / (max_tok or 1)
         base = CHART_H - PAD / 2
         bars.append({"x": round(x + step * 0.15, 1), "w": round(max(step * 0.7, 1), 1),
                      "y_in": round(base - h_in, 1), "h_in": round(h_in, 1),
                      "y_out": round(base - h_in - h_out, 1), "h_out": round(h_out, 1),
                      "id": v["id"], "tip": f"{v.get('label') or 'turn ' + str(v['n'])}: "
-                                           f"{f'{ti} in, {to} out tokens' if counted else 'no token counts'}; "
+                                           f"{f'{ti} in, {to} out tokens' if max_tok else 'no token counts'}; "
                                            f"ttft {v['ttft_ms']} ms, total {v['duration_ms']} ms"})
         cx = round(x + step / 2, 1)
         if v["duration_ms"] is not None:
@@ -459,5 +458,5 @@ def chart(views: list[dict]) -> dict | None:
               "dot": pts[0].split(",") if len(pts) == 1 else None}
              for kind, label, pts in (("total", "total latency", total_pts), ("ttft", "time to first byte", ttft_pts))
              if pts]
-    return {"w": CHART_W, "h": CHART_H, "bars": bars, "lines": lines, "max_tok": max_tok if counted else None,
+    return {"w": CHART_W, "h": CHART_H, "bars": bars, "lines": lines, "max_tok": max_tok or None,
             "max_ms": round(max_ms, 1)}

@@ -29,6 +29,9 @@ class UsageProblem(click.ClickException):
     exit_code = 2
 
 
+# For the commands that change the database (the read commands take replay's db_option).
+db_changed_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
+                                 metavar="URL", help="The tooltap database (env: TOOLTAP_DB).")
 _BARE_GROUP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 and later
 
 
@@ -303,8 +306,7 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
 
 
 @main.command(short_help="Decode every stored session again (after an upgrade).")
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
-              help="The tooltap database (env: TOOLTAP_DB).")
+@db_changed_option
 def redecode(db_url) -> None:
     """Decode every stored session again (after upgrading tooltap's decoders).
 
@@ -344,8 +346,7 @@ def _age(ctx, param, value):
               help="Give the space back. SQLite, auto: in short steps (a database made before tooltap had "
                    "prune is converted by one full VACUUM); full: VACUUM, which also repacks half-empty pages "
                    "but holds the writer off while it runs. Postgres: plain VACUUM either way.")
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
-              help="The tooltap database (env: TOOLTAP_DB).")
+@db_changed_option
 def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
     """Delete old turns, and the sessions, messages and blobs nothing else uses.
 

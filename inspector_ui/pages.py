@@ -116,7 +116,7 @@ def turn(request: Request, turn_id: int):
         "t": t, "n": numbers.get(turn_id), "of": len(numbers), "parent_n": numbers.get(t.get("parent_id")),
         "curl": curl, "curl_file": curl.endswith("@" + request_file_name(t)),
         "raw": raw_view(body, timeline, t.get("duration_ms")),
-        "calls": [transcript.call_view(c) for c in t["tool_calls"]],
+        "calls": [transcript.call_view(c, numbers) for c in t["tool_calls"]],
     })
 
 

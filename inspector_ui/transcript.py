@@ -178,10 +178,8 @@ def _calls(db: DB, ids: list[int], mcp: tuple[dict, dict] = ({}, {}),
     if ids:
         for c in db.exec(select(ToolCallRow).where(ToolCallRow.turn_id.in_(ids))
                          .order_by(ToolCallRow.turn_id, ToolCallRow.index)):
-            v = call_view(tool_call_json(c, links.get(c.id)))
+            v = call_view(tool_call_json(c, links.get(c.id)), numbers)
             v["mcp_unreached"] = unreached.get(c.id)
-            if v.get("mcp") and numbers:
-                v["mcp"]["next_turn_n"] = numbers.get(v["mcp"].get("next_turn_id"))
             out.setdefault(c.turn_id, []).append(v)
     return out
 
@@ -350,9 +348,10 @@ def _text_segment(text: str, reminders: list[dict], env: dict | None) -> dict:
     return {"kind": "text", "title": "user", "text": text}
 
 
-def call_view(c: dict) -> dict:
+def call_view(c: dict, numbers: dict[int, int] | None = None) -> dict:
     """A tool call with what its card needs: decoded display name, arguments without
-    task_progress (drawn apart as a checklist)."""
+    task_progress (drawn apart as a checklist), and the place in the session (`numbers`)
+    of the turn its MCP result went to."""
     d = c.get("decoded") or {}
     if d.get("kind") == "mcp" and d.get("server"):
         display = f"{d['server']} › {d.get('tool')}"
@@ -364,7 +363,10 @@ def call_view(c: dict) -> dict:
     shown = args
     if isinstance(args, dict) and c.get("task_progress") and "task_progress" in args:
         shown = {k: v for k, v in args.items() if k != "task_progress"}
-    return {**c, "display_name": display,
+    mcp = c.get("mcp")
+    if mcp and numbers:
+        mcp = {**mcp, "next_turn_n": numbers.get(mcp.get("next_turn_id"))}
+    return {**c, "display_name": display, "mcp": mcp,
             "arguments_pretty": pretty(shown) if args is not None else None}
 
 

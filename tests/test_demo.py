@@ -32,6 +32,13 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
         # Its MCP server's side was recorded too, and the call is tied to the turn that made it.
         servers = httpx.get(d.url + "/_tooltap/api/mcp/servers").json()["servers"]
         assert [(s["name"], s["calls"], s["errors"]) for s in servers] == [("weather", 1, 0)]
+        # The forecast reached the model in the retry, not in the request the upstream refused.
+        (call,) = httpx.get(f"{d.url}/_tooltap/api/turns/{turns[0]['id']}").json()["tool_calls"]
+        assert call["mcp"]["next_turn_id"] == turns[2]["id"] and call["mcp"]["result_match"] == "same"
+        assert f'in <a href="#turn-{turns[2]["id"]}">turn 3 <span class="muted">#{turns[2]["id"]}</span>' in html
+        turn_page = httpx.get(f"{d.url}/_tooltap/turns/{turns[0]['id']}").text  # no anchors there: the turn's page
+        assert f'in <a href="/_tooltap/turns/{turns[2]["id"]}">turn 3 <span class="muted">#{turns[2]["id"]}</span>' \
+            in turn_page
         # The Chinese session ran before that server was recorded: its calls are not news.
         chinese = next(s for s in sessions if s["title"].startswith("华盛顿"))
         assert httpx.get(f"{d.url}/_tooltap/api/mcp/sessions/{chinese['id']}").json()["unreached"] == []

@@ -210,10 +210,10 @@ def _end(t: Turn) -> float:
 
 def _llm_calls(db: DB, turns: list[Turn]) -> list[LlmCall]:
     by_id = {t.id: t for t in turns}
-    children: dict[int, Turn] = {}
-    for t in turns:  # the first child: the turn that carries this one's results
-        if t.parent_id is not None and t.parent_id not in children:
-            children[t.parent_id] = t
+    children: dict[int, list[Turn]] = {}
+    for t in turns:  # the turns that carry this one's results: more than one when the agent retried
+        if t.parent_id is not None:
+            children.setdefault(t.parent_id, []).append(t)
     rows = db.exec(select(ToolCallRow).where(ToolCallRow.turn_id.in_(list(by_id)))
                    .order_by(ToolCallRow.turn_id, ToolCallRow.index)).all()
     out = []
@@ -221,12 +221,22 @@ def _llm_calls(db: DB, turns: list[Turn]) -> list[LlmCall]:
         d = r.decoded if isinstance(r.decoded, dict) else {}
         if d.get("kind") != "mcp" or not d.get("tool"):
             continue
-        t, child = by_id[r.turn_id], children.get(r.turn_id)
+        t, sent, answered = by_id[r.turn_id], *_next_turns(children.get(r.turn_id, []))
         out.append(LlmCall(r.id, t.id, r.index, r.call_id, d.get("server"), d["tool"], r.arguments,
                            r.result if isinstance(r.result, dict) else None, t.started_at, _end(t),
-                           t.duration_ms, child.id if child else None, child.started_at if child else None))
+                           t.duration_ms, answered.id if answered else None, sent.started_at if sent else None))
     out.sort(key=lambda c: (c.turn_started, c.turn_id, c.index))
     return out
+
+
+def _next_turns(children: list[Turn]) -> tuple[Turn | None, Turn | None]:
+    """The turn that first carried the results to the model, and the one the model
+    answered: a request the upstream refused (a 503) and the agent sent again gave the
+    model nothing, so the chain leads to the retry."""
+    if not children:
+        return None, None
+    answered = next((c for c in children if c.status == "ok"), children[0])
+    return children[0], answered
 
 
 def _servers_alive(db: DB, start: float, end: float, slack: float = UNASKED_AFTER) -> set[str]:

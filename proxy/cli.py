@@ -45,6 +45,12 @@ def _said_in_one_line():
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "tooltap"
         raise UsageProblem(f"{exc.format_message()} (see '{where} --help')") from exc
+    except KeyboardInterrupt:
+        # click would print a blank line and "Aborted!", exit 1: for replay, the code of a
+        # turn that differs. 130 is what shells report for Ctrl-C.
+        click.echo("Interrupted (Ctrl-C): stopped before it finished; what it had already stored is kept.",
+                   err=True)
+        raise click.exceptions.Exit(130) from None
 
 
 class _Commands(click.Group):

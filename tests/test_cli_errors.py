@@ -158,3 +158,31 @@ def test_a_bare_group_shows_its_help_and_every_summary_whole():
         assert r.returncode == 0 and r.stdout.startswith("Usage:") and not r.stderr, r  # click: stderr, exit 2
         listing = r.stdout.split("Commands:")[1]
         assert not [line for line in listing.splitlines() if line.endswith("...")], listing  # cut at 80 columns
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path):
+    """Not click's "Aborted!" and 1, which for replay is the code of a turn that differs."""
+    import os
+    import signal
+    import time
+
+    fifo = tmp_path / "slow.har"
+    os.mkfifo(fifo)  # the import waits at its open for a writer that never comes
+    p = subprocess.Popen([*CLI, "import", str(fifo), "--db", f"sqlite:///{tmp_path}/t.db"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while True:  # until the import has the file open: the command itself is running
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader yet
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+    try:  # held open, never written: the import waits for its bytes
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        os.close(writer)
+    assert p.returncode == 130
+    assert err.splitlines() == ["Interrupted (Ctrl-C): stopped before it finished; what it had already stored is kept."]
+    assert "Aborted" not in out + err

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -35,6 +36,8 @@ def test_sdk_client_through_the_wrapper(tmp_path):
     assert forecast.input_schema["additionalProperties"] is False
     assert result.is_error is False and result.content[0].text.startswith("\nToday:\nTemperature: 68°F")
 
+    # Made by the wrapper: its owner's alone (SQLite gives its WAL the same mode).
+    assert stat.S_IMODE(os.stat(tmp_path / "tooltap.db").st_mode) == 0o600
     msgs = recorded(db)
     # Named by the server's own answer to initialize; every message, in order, with its direction.
     assert {m["server"] for m in msgs} == {"weather"}

@@ -212,8 +212,12 @@ class Recorder:
 
     def _ready(self):
         if self._engine is None:
-            from ..store.db import make_engine, migrate
+            from ..store.db import make_engine, migrate, sqlite_path
+            from ..store.files import create_private
 
+            path = sqlite_path(self.db_url)
+            if path is not None and path.parent.is_dir():
+                create_private(str(path))  # owner-only, as `serve` makes it: tool traffic is as private as prompts
             engine = make_engine(self.db_url, busy_timeout=self.busy_timeout)
             try:
                 migrate(engine)

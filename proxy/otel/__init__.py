@@ -13,6 +13,8 @@ The SDK is an optional extra (`pip install 'tooltap[otel]'`): only `sdk.py` impo
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 INSTALL_HINT = "OpenTelemetry export needs the SDK and its OTLP exporter: pip install 'tooltap[otel]'"
 
 
@@ -22,8 +24,16 @@ class OtelUnavailable(RuntimeError):
 
 def traces_url(endpoint: str) -> str:
     """The OTLP/HTTP traces URL for an endpoint given as OTEL_EXPORTER_OTLP_ENDPOINT is
-    (a base URL, `/v1/traces` appended), or as the traces URL itself."""
+    (a base URL, `/v1/traces` appended), or as the traces URL itself. ValueError: not
+    an http(s) URL."""
     endpoint = endpoint.strip()
+    parts = urlsplit(endpoint)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"bad OTLP endpoint {endpoint!r}: expected http(s)://host[:port][/path]")
     if endpoint.rstrip("/").endswith("/v1/traces"):
         return endpoint
     return endpoint.rstrip("/") + "/v1/traces"

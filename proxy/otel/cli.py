@@ -16,8 +16,20 @@ class OtelError(click.ClickException):
     exit_code = 2  # the environment's problem (no SDK, no collector), not a finding
 
 
+def _endpoint(ctx, param, value: str | None) -> str | None:
+    """A collector's URL is checked at the start, not at the first export, where its
+    failure would only reach the writer's log."""
+    if value:
+        try:
+            traces_url(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 endpoint_option = click.option(
     "--otlp-endpoint", "endpoint", envvar="OTEL_EXPORTER_OTLP_ENDPOINT", metavar="URL", default=None,
+    callback=_endpoint,
     help="An OTLP/HTTP collector: its base URL (/v1/traces is added) or its traces URL. "
          "Env: OTEL_EXPORTER_OTLP_ENDPOINT.")
 content_option = click.option(

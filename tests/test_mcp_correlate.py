@@ -208,3 +208,47 @@ def test_truncated_result_and_a_call_that_never_reached_the_server(make_tooltap,
     assert report["links"] == [] and [(u["tool"], u["turn_id"]) for u in report["unreached"]] == [
         ("get_forecast", second[2]["id"])]
     assert "never reached the server" in httpx.get(f"{tooltap.url}/_tooltap/sessions/second").text
+
+
+def test_an_agent_that_offers_the_servers_tools_under_their_own_names(make_tooltap, upstream):
+    """An agent built on the SDKs gives the model the MCP server's tools as they are named
+    (no Cline `<uid>0mcp0` prefix): its call is still tied to the server's, by tool name,
+    arguments and time, and the server's page no longer calls it unasked."""
+    from proxy.demo import chat_sse
+    from tests.mcp_support import WASHINGTON
+
+    tooltap = make_tooltap(upstream.url)
+    tool = {"type": "function", "function": {"name": "get_forecast", "parameters": {"type": "object"}}}
+    opening = {"model": "m", "stream": True, "tools": [tool],
+               "messages": [{"role": "user", "content": "Weather in Washington tomorrow?"}]}
+    deltas = [{"tool_calls": [{"index": 0, "id": "call_w", "type": "function",
+                               "function": {"name": "get_forecast", "arguments": ""}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": json.dumps(WASHINGTON)}}]}]
+    upstream.routes["/chat/completions"] = [Reply.sse(chat_sse("m", deltas, finish="tool_calls")),
+                                            Reply.sse(FINAL_SSE)]
+
+    async def call(session):
+        return await session.call_tool("get_forecast", WASHINGTON)
+
+    with httpx.Client(base_url=tooltap.url, timeout=30) as client:
+        assert client.post("/chat/completions", json=opening).status_code == 200
+        tooltap.flush()
+        forecast = sdk_conversation(wrapped(f"sqlite:///{tooltap.db_path}", *WEATHER), call).content[0].text
+        assistant = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_w", "type": "function", "function": {"name": "get_forecast",
+                                                              "arguments": json.dumps(WASHINGTON)}}]}
+        follow = {**opening, "messages": [*opening["messages"], assistant,
+                                          {"role": "tool", "tool_call_id": "call_w", "content": forecast}]}
+        assert client.post("/chat/completions", json=follow).status_code == 200
+    tooltap.flush()
+
+    (s,) = tooltap.api("/sessions")["sessions"]
+    ids = [t["id"] for t in tooltap.api(f"/sessions/{s['id']}")["turns"]]
+    (c,) = tooltap.api(f"/turns/{ids[0]}")["tool_calls"]
+    assert c["name"] == "get_forecast" and c["mcp"] is not None
+    assert (c["mcp"]["server"], c["mcp"]["matched_by"], c["mcp"]["next_turn_id"], c["mcp"]["result_match"]) == (
+        "weather", "arguments", ids[1], "same")
+    report = tooltap.api(f"/mcp/sessions/{s['id']}")
+    assert len(report["links"]) == 1 and report["unasked"] == [] and report["unreached"] == []
+    (recent,) = [x for x in tooltap.api("/mcp/servers/weather")["recent_calls"] if x["tool"] == "get_forecast"]
+    assert recent["asked_by"]["turn_id"] == ids[0]

@@ -5,7 +5,9 @@ A tools/call does not carry the model's tool-call id, so the link is made from w
 sides show. An id in `params._meta` equal to the model's call id wins. Otherwise a model
 call takes the first MCP call not yet taken that
 - names the same tool, on the server the call's name decodes to (when that server is
-  not a recorded one, say a Cline uid not resolved, the tool name alone is enough),
+  not a recorded one, say a Cline uid not resolved, the tool name alone is enough; so
+  too for a call whose name is no MCP one: an agent that offers the server's tools to
+  the model under their own names),
 - has the same arguments once what the agent adds is left out (Cline's `task_progress`),
 - was sent after the turn that emitted the call started and before the next turn of the
   session (the one that carries its result) started.
@@ -169,9 +171,9 @@ def for_session(db: DB, session_id: str) -> Correlation:
 
 def links_for_turn(db: DB, turn: Turn) -> dict[int, dict]:
     """The `mcp` field of each of this turn's tool calls (by tool_calls.id)."""
-    decoded = db.exec(select(ToolCallRow.decoded).where(ToolCallRow.turn_id == turn.id)).all()
-    if not any(isinstance(d, dict) and d.get("kind") == "mcp" for d in decoded) or not _any_mcp(db):
-        return {}  # no MCP call in this turn, or no MCP traffic recorded: nothing to correlate
+    if db.exec(select(ToolCallRow.id).where(ToolCallRow.turn_id == turn.id).limit(1)).first() is None \
+            or not _any_mcp(db):
+        return {}  # no tool call in this turn, or no MCP traffic recorded: nothing to correlate
     turns = db.exec(select(Turn).where(Turn.session_id == turn.session_id).order_by(Turn.id)).all()
     return _for_turns(db, turns, only_turn=turn.id).links
 
@@ -219,10 +221,12 @@ def _llm_calls(db: DB, turns: list[Turn]) -> list[LlmCall]:
     out = []
     for r in rows:
         d = r.decoded if isinstance(r.decoded, dict) else {}
-        if d.get("kind") != "mcp" or not d.get("tool"):
+        mcp = d.get("kind") == "mcp"
+        tool = d.get("tool") if mcp else r.name  # not an MCP name: the server's tool under its own
+        if not tool:
             continue
         t, sent, answered = by_id[r.turn_id], *_next_turns(children.get(r.turn_id, []))
-        out.append(LlmCall(r.id, t.id, r.index, r.call_id, d.get("server"), d["tool"], r.arguments,
+        out.append(LlmCall(r.id, t.id, r.index, r.call_id, d.get("server") if mcp else None, tool, r.arguments,
                            r.result if isinstance(r.result, dict) else None, t.started_at, _end(t),
                            t.duration_ms, answered.id if answered else None, sent.started_at if sent else None))
     out.sort(key=lambda c: (c.turn_started, c.turn_id, c.index))

@@ -15,12 +15,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, func, not_, or_, text
 from sqlmodel import Session as DB, select
 
-from proxy.schemas.names import mcp_identity
+from proxy.agents.registry import decode_name
 from proxy.store import search
 from proxy.store.models import Session, ToolCallRow, Turn
 from proxy.store.read import Reader, session_json
@@ -328,31 +329,41 @@ class Queries:
             turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
             if not turns:
                 return None
+            # An offered name is decoded as the agent decoders decode a called one (the session's
+            # agent and resolved MCP uids), so its decoding does not depend on it being called.
+            session = db.get(Session, session_id)
+            agent = (session.agent if session else None) or "generic"
+            view = SimpleNamespace(uids=(session.uids if session else None) or {})
             by_name: dict[str, dict[str, Any]] = {}
             for t in turns:
                 if t.tools_hash is None:
                     continue
                 offered = [p for spec in self.reader.blob(db, t.tools_hash) or [] for p in _tool_parts(spec)]
                 for name, desc, schema in offered:
-                    entry = by_name.setdefault(name, {"name": name, "offered_in": [], "calls": 0,
-                                                      "violations": [], "decoded": None, "call_turns": []})
+                    if name not in by_name:
+                        by_name[name] = {"name": name, "offered_in": [], "calls": 0, "violations": [],
+                                         "call_turns": [], "decoded": _mcp_only(decode_name(name, view, agent))}
+                    entry = by_name[name]
                     entry.update(description=desc, schema=schema)
                     entry["offered_in"].append(t.id)
             ids = [t.id for t in turns]
             for c in db.exec(select(ToolCallRow).where(ToolCallRow.turn_id.in_(ids))
                              .order_by(ToolCallRow.turn_id, ToolCallRow.index)):
-                entry = by_name.setdefault(c.name, {"name": c.name, "offered_in": [], "calls": 0,
-                                                    "violations": [], "decoded": None, "call_turns": [],
-                                                    "description": None, "schema": None, "not_offered": True})
+                if c.name not in by_name:
+                    by_name[c.name] = {"name": c.name, "offered_in": [], "calls": 0, "violations": [],
+                                       "call_turns": [], "decoded": _mcp_only(c.decoded), "description": None,
+                                       "schema": None, "not_offered": True}
+                entry = by_name[c.name]
                 entry["calls"] += 1
-                entry["decoded"] = entry["decoded"] or c.decoded
                 entry["call_turns"].append(c.turn_id)
                 for v in c.violations or []:
                     entry["violations"].append({**v, "turn_id": c.turn_id})
-        for entry in by_name.values():  # tools never called: decode the name from what was offered
-            if entry["decoded"] is None and (found := mcp_identity(entry["name"], entry.get("description"))):
-                entry["decoded"] = {"kind": "mcp", "server": found[0] or None, "tool": found[1]}
         return sorted(by_name.values(), key=lambda e: (-e["calls"], e["name"]))
+
+
+def _mcp_only(decoded: dict | None) -> dict | None:
+    """A decoding worth showing: an MCP tool's server and tool (a built-in's is its name again)."""
+    return decoded if isinstance(decoded, dict) and decoded.get("kind") == "mcp" else None
 
 
 def _tool_parts(spec: Any) -> list[tuple[str, str | None, Any]]:

@@ -39,6 +39,20 @@ def _default_pair(sets: list[dict]) -> tuple[str, str] | None:
     return f"turn:{newest[-2]['turn_id']}", f"turn:{newest[-1]['turn_id']}"
 
 
+def _mcp_choices(engine) -> list[dict]:
+    """Each recorded MCP server's tools/list answers, as the `mcp:NAME@ID` sources its page links to."""
+    from sqlmodel import Session as DB
+
+    from proxy.mcp import read
+    from proxy.store.read import shown_time
+
+    with DB(engine) as db:
+        sets = read.tool_sets(db, with_tools=False)
+    return [{"value": f"mcp:{s['server']}@{s['id']}",
+             "label": f"MCP {s['server']} · tool set #{s['id']} · {s['tool_count']} tool"
+                      f"{'s' if s['tool_count'] != 1 else ''} · {shown_time(s['first_seen'])}"} for s in sets]
+
+
 @router.get("/schemas")
 def schemas(request: Request, a: str = "", b: str = ""):
     from proxy.store.read import shown_time
@@ -54,7 +68,13 @@ def schemas(request: Request, a: str = "", b: str = ""):
                          f"{shown_time(s['seen_at'])}"} for s in sets]
     if not a and len(choices) >= 2:
         a, b = _default_pair(sets) or (choices[-2]["value"], choices[-1]["value"])
-    ctx = {"choices": choices, "a": a, "b": b, "errors": [], "diff": None}
+    mcp_choices = _mcp_choices(reader.engine)
+    # A source the address names that is not listed (a session's offer, a newest `mcp:NAME`,
+    # one that is not there) is shown as given: the form must send again what is compared.
+    listed = {c["value"] for c in choices + mcp_choices}
+    given = [x for x in dict.fromkeys((a, b)) if x and x not in listed]
+    ctx = {"choices": choices, "mcp_choices": mcp_choices, "given": given, "a": a, "b": b,
+           "errors": [], "diff": None}
     if a and b:
         left, err_a = _load(a, db_url)
         right, err_b = _load(b, db_url)

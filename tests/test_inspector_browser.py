@@ -121,6 +121,25 @@ def test_a_streaming_turn_appears_live_on_the_list_and_grows(tooltap, upstream, 
     assert page.locator("#sessions-total").inner_text() == "1"  # the header counts it too
 
 
+def test_two_quick_turns_of_a_new_session_add_one_row_live(tooltap, upstream, page):
+    """Both turns land in one writer batch: their two `turn_stored` events arrive together,
+    each fetching the new session's row. One row, counted once."""
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("other", words("hi")))
+    send(tooltap.url, {"model": "other", "stream": True, "messages": [{"role": "user", "content": "unrelated"}]})
+    tooltap.flush()
+    page.goto(tooltap.url + "/_tooltap/")
+    wait_live(page)
+    assert page.locator("#sessions-total").inner_text() == "1"
+    play_cline_turns(tooltap, upstream, 2)  # no flush between the two: one batch
+    page.locator("tr[data-session]", has_text="华盛顿明天天气如何？").first.wait_for()
+    expect(page.locator("[data-testid=live-turn]")).to_have_count(0)  # both events handled
+    rows = page.locator("tr[data-session]")
+    expect(rows).to_have_count(2)
+    assert len(tooltap.api("/sessions")["sessions"]) == 2
+    assert page.locator("#sessions-total").inner_text() == "2"
+    assert rows.first.locator("td.num").first.inner_text() == "2"  # the row as it stands after both turns
+
+
 def test_a_new_turn_appears_live_on_its_session_page(tooltap, upstream, page):
     play_cline_turns(tooltap, upstream, 3)
     sid = tooltap.api("/sessions")["sessions"][0]["id"]

@@ -70,7 +70,28 @@ def test_turn_page_tools_page_download_and_curl(tooltap, cline):
     tools = get(tooltap, f"/_tooltap/sessions/{cline}/tools").text
     assert "cIya4J0mcp0get_forecast" in tools and "weather › get_forecast" in tools
     assert "weather › get_alerts" in tools  # offered, never called: decoded from its description
+    decoded = dict(re.findall(r"<code>(\w+)</code></a>.*?</td>\s*<td>(.*?)</td>", tools, re.S))
+    assert decoded["cIya4J0mcp0get_forecast"] == "weather › get_forecast"  # called
+    assert decoded["cIya4J0mcp0get_alerts"] == "weather › get_alerts"  # never called
+    assert decoded["list_files"] == decoded["write_to_file"] == ""  # a built-in, called or not
     assert "parameters schema" in tools
+
+
+def test_tools_page_decodes_an_mcp_tool_offered_but_never_called(tooltap, upstream):
+    """Claude Code's `mcp__<server>__<tool>` names: the decoded column is the same whether
+    the model called the tool or not."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "mcp__github__create_issue", "arguments": "{}"}}
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "tool_calls": [call]}}]})
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("mcp__github__create_issue", "mcp__github__list_issues", "Bash")]
+    httpx.post(tooltap.url + "/chat/completions",
+               json={"model": "m", "messages": [{"role": "user", "content": "file it"}], "tools": tools})
+    (s,) = tooltap.api("/sessions")["sessions"]
+    html = get(tooltap, f"/_tooltap/sessions/{s['id']}/tools").text
+    decoded = dict(re.findall(r"<code>(\w+)</code></a>.*?</td>\s*<td>(.*?)</td>", html, re.S))
+    assert decoded == {"mcp__github__create_issue": "github › create_issue",  # called
+                       "mcp__github__list_issues": "github › list_issues", "Bash": ""}
 
 
 def test_search_and_filters(tooltap, cline):
@@ -207,6 +228,22 @@ def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):
     assert re.fullmatch(r"turn #1 · deepseek-chat · 15 tools · session \w+ · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+",
                         label), label  # times as every page writes them
     assert get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:99"}).status_code == 200
+
+
+def test_schemas_page_selects_what_its_address_compares(tooltap, cline):
+    """A source the lists do not hold (a missing turn, a session's offer) is still the one
+    selected: "compare" must not fall back to the first turn silently."""
+    def selected(html, name):
+        select = re.search(rf'<select name="{name}">(.*?)</select>', html, re.S).group(1)
+        return re.findall(r'<option value="([^"]*)" selected>([^<]*)</option>', select)
+
+    html = get(tooltap, "/_tooltap/schemas", params={"a": "turn:999", "b": "turn:3"}).text
+    assert "turn:999: not found" in html
+    assert selected(html, "a") == [("turn:999", "turn:999")]
+    assert [v for v, _ in selected(html, "b")] == ["turn:3"]
+    html = get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": f"session:<b>{cline}"}).text
+    assert [v for v, _ in selected(html, "a")] == ["turn:1"]
+    assert selected(html, "b") == [(f"session:&lt;b&gt;{cline}", f"session:&lt;b&gt;{cline}")]  # escaped
 
 
 def test_inspector_refuses_foreign_host_names_without_a_token(tooltap, upstream):

@@ -5,6 +5,7 @@ model asked, what the server got and answered, what the model was told."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import parse_qs, urlsplit
 
 from tests.test_mcp_correlate import play_cline_with_mcp
 
@@ -49,6 +50,18 @@ def test_session_page_shows_the_mcp_chain(make_tooltap, upstream, page):
     page.click("[data-testid=compare-offered]")  # the schemas page: declared against offered
     assert "removed" in page.locator("[data-testid=diff-summary]").inner_text()
     assert "get_radar" in page.locator("main").inner_text()
+    # The dropdowns show the two sources compared, so that "compare" compares them again.
+    asked = parse_qs(urlsplit(page.url).query)
+    assert asked["a"] == ["mcp:weather@1"] and asked["b"] == [f"mcp:weather@session:{s['id']}"]
+    assert page.locator("select[name=a]").input_value() == "mcp:weather@1"
+    assert page.locator("select[name=b]").input_value() == f"mcp:weather@session:{s['id']}"
+    assert page.locator("select[name=a] option:checked").inner_text().startswith("MCP weather · tool set #1")
+    summary = page.locator("[data-testid=diff-summary]").inner_text()
+    page.click("form.filters button[type=submit]")
+    page.wait_for_load_state()
+    assert parse_qs(urlsplit(page.url).query) == asked
+    assert page.locator("[data-testid=diff-summary]").inner_text() == summary
+    page.go_back()
     page.go_back()
     calls = page.locator("[data-testid=mcp-calls]")
     calls.locator("a", has_text="turn").first.click()

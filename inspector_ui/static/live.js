@@ -75,7 +75,20 @@
     return r.ok ? r.text() : null;
   }
 
-  async function storedOnList(ev) {
+  // One session's row updates run one after another: two turns stored together would
+  // otherwise both find no row before their fetches, and add (and count) it twice.
+  const rowUpdates = new Map(); // session_id -> its latest row update
+
+  function storedOnList(ev) {
+    const before = rowUpdates.get(ev.session_id) || Promise.resolve();
+    const update = before.catch(() => {}).then(() => updateRow(ev));
+    rowUpdates.set(ev.session_id, update);
+    const forget = () => { if (rowUpdates.get(ev.session_id) === update) rowUpdates.delete(ev.session_id); };
+    update.then(forget, forget);
+    return update;
+  }
+
+  async function updateRow(ev) {
     const tbody = document.getElementById("session-rows");
     const existing = tbody.querySelector('tr[data-session="' + CSS.escape(ev.session_id) + '"]');
     // A filtered or older page would be wrong to reorder: only say there is news.

@@ -59,15 +59,21 @@
     if (box) box._status.textContent = " · " + ev.status + ", storing…";
   }
 
-  async function stored(ev) {
+  // Stored turns are drawn one after another, in the order they were stored: two stored
+  // together would otherwise both find no row (or card) before their fetches return, and
+  // add it twice (and count it twice), or in the wrong order.
+  let drawing = Promise.resolve();
+
+  function stored(ev) {
     const box = flying.get(ev.live_id);
     flying.delete(ev.live_id);
-    try {
-      if (page === "sessions") await storedOnList(ev);
-      else if (ev.session_id === sessionId) await storedOnSession(ev);
-    } finally {
-      if (box) box.remove();
-    }
+    drawing = drawing.then(() => draw(ev)).catch(() => {}).finally(() => { if (box) box.remove(); });
+    return drawing;
+  }
+
+  function draw(ev) {
+    if (page === "sessions") return storedOnList(ev);
+    if (ev.session_id === sessionId) return storedOnSession(ev);
   }
 
   async function fetchText(url) {
@@ -75,20 +81,7 @@
     return r.ok ? r.text() : null;
   }
 
-  // One session's row updates run one after another: two turns stored together would
-  // otherwise both find no row before their fetches, and add (and count) it twice.
-  const rowUpdates = new Map(); // session_id -> its latest row update
-
-  function storedOnList(ev) {
-    const before = rowUpdates.get(ev.session_id) || Promise.resolve();
-    const update = before.catch(() => {}).then(() => updateRow(ev));
-    rowUpdates.set(ev.session_id, update);
-    const forget = () => { if (rowUpdates.get(ev.session_id) === update) rowUpdates.delete(ev.session_id); };
-    update.then(forget, forget);
-    return update;
-  }
-
-  async function updateRow(ev) {
+  async function storedOnList(ev) {
     const tbody = document.getElementById("session-rows");
     const existing = tbody.querySelector('tr[data-session="' + CSS.escape(ev.session_id) + '"]');
     // A filtered or older page would be wrong to reorder: only say there is news.

@@ -21,9 +21,10 @@ from fastapi import APIRouter, HTTPException, Request
 from sqlmodel import Session as DB
 
 from proxy.replay import runs
+from proxy.replay.result import same_word
 from proxy.store.models import Session
 
-from .transcript import pretty
+from .transcript import pretty, turn_numbers
 
 api_router = APIRouter()
 page_router = APIRouter()
@@ -129,25 +130,70 @@ def run_page(request: Request, run_id: int):
     found = runs.run(_engine(request), run_id)
     if found is None:
         raise HTTPException(404, f"no replay run {run_id}")
-    return templates.TemplateResponse(request, "replay.html", {"r": run_view(found)})
+    numbers = turn_numbers(request.app.state.reader, found["session_id"])
+    return templates.TemplateResponse(request, "replay.html", {"r": run_view(found, numbers)})
 
 
-def run_view(r: dict) -> dict:
+def run_view(r: dict, numbers: dict[int, int] | None = None) -> dict:
     """A run as its page draws it: per turn, the calls paired row by row with what differs
-    marked on each side; a converter replay per provider; any other report as its JSON."""
+    marked on each side; a converter replay per provider; any other report as its JSON.
+    `numbers` (turn id -> place in the session) names the turns as the session page does."""
+    numbers = numbers or {}
     report = r.get("report") or {}
-    view = {**r, "settings": {}, "turn_views": None, "providers": None, "report_json": None}
+    view = {**r, "settings": [], "turn_views": None, "providers": None, "report_json": None,
+            "verdict": "identical" if r.get("ok") else "differs"}
     turns = report.get("turns") if isinstance(report, dict) else None
     if isinstance(turns, list) and all(isinstance(t, dict) and "turn_id" in t for t in turns):
-        return {**view, "settings": report.get("settings") or {}, "turn_views": [turn_view(t) for t in turns]}
+        settings = report.get("settings") or {}
+        views = [turn_view(t, numbers) for t in turns]
+        compared = [t for t in views if not t["skipped"]]
+        word = same_word(settings)
+        verdict = word if r.get("ok") and compared else "differs" if compared else "nothing compared"
+        return {**view, "settings": settings_words(settings), "turn_views": views, "verdict": verdict, "word": word,
+                "same": sum(1 for t in compared if t["ok"]), "skipped": len(views) - len(compared)}
     providers = report.get("providers") if isinstance(report, dict) else None
     if isinstance(providers, list) and all(isinstance(p, dict) for p in providers):
-        return {**view, "providers": providers, "unmatched": report.get("unmatched_calls") or [],
-                "errors": report.get("errors") or []}
+        return {**view, "providers": [_provider(p, numbers) for p in providers],
+                "unmatched": report.get("unmatched_calls") or [], "errors": report.get("errors") or []}
     return {**view, "report_json": pretty(report)}
 
 
-def turn_view(t: dict) -> dict:
+def _provider(p: dict, numbers: dict[int, int]) -> dict:
+    rejected = [x for x in p.get("rejected") or [] if isinstance(x, dict)]
+    return {**p, "rejected": [{**x, "n": numbers.get(x.get("turn_id")) or x.get("place")} for x in rejected],
+            # one call refused for two reasons is two rejections but one rejected call
+            "rejected_calls": len({(x.get("turn_id"), x.get("call_index")) for x in rejected})}
+
+
+def settings_words(settings: dict) -> list[str]:
+    """What the run was told, in words, leaving out what was left at its default (the URL
+    is the run's target, shown beside)."""
+    out = []
+    for key, value in settings.items():
+        if key == "url" or value in (None, "", [], {}):
+            continue
+        if key == "speed":  # 0: no waiting, the default
+            out += [] if not value else ["at the recorded timing" if value == 1 else f"{value:g}x the recorded speed"]
+        elif key == "model":
+            out.append(f"model {value}")
+        elif key == "to":
+            out.append(f"translated to {value}")
+        elif key == "repeat":
+            out += [f"each turn {value} times"] if value != 1 else []
+        elif key == "order":
+            out += [f"calls in {value} order"] if value != "strict" else []
+        elif key == "args":
+            out += [f"arguments compared as {value}"] if value != "exact" else []
+        elif key == "per_tool" and isinstance(value, dict):
+            out += [f"{tool}: arguments compared as {mode}" for tool, mode in value.items()]
+        elif key == "ignore" and isinstance(value, list):
+            out.append("ignoring " + ", ".join(map(str, value)))
+        else:
+            out.append(f"{key} {value}")
+    return out
+
+
+def turn_view(t: dict, numbers: dict[int, int] | None = None) -> dict:
     diffs = [_difference(d) for d in t.get("differences") or []]
     # (side, call index) -> argument paths that differ. A difference in what was decoded
     # about a call (`tool_calls[0].task_progress`) marks the call, not an argument.
@@ -165,8 +211,9 @@ def turn_view(t: dict) -> dict:
         rows.append({"index": i, "recorded": _call(rec, bad.get(("recorded", i))),
                      "replayed": _call(rep, bad.get(("replayed", i)))})
     runs_ = t.get("runs") or []
-    return {"turn_id": t["turn_id"], "ok": bool(t.get("ok")), "error": t.get("error"), "note": t.get("note"),
-            "lost": t.get("lost") or [],
+    return {"turn_id": t["turn_id"], "n": (numbers or {}).get(t["turn_id"]) or t.get("place"),
+            "ok": bool(t.get("ok")), "error": t.get("error"), "note": t.get("note"),
+            "skipped": t.get("note") is not None, "lost": t.get("lost") or [],
             "differences": diffs, "rows": rows, "runs": runs_, "passed": sum(1 for x in runs_ if x)}
 
 

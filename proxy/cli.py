@@ -376,13 +376,11 @@ def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
                         progress=step)
     engine.dispose()
     if dry_run:
-        click.echo(f"would prune {res.turns} turns, {res.sessions} sessions, {res.blobs} blobs, "
-                   f"{res.chain_nodes} chain nodes, {res.mcp_messages} MCP messages; "
-                   f"about {_mb(res.turn_bytes + res.blob_bytes)} of data (nothing changed)")
+        click.echo(f"would prune {res.what()}; about {_mb(res.turn_bytes + res.blob_bytes)} of data "
+                   "(nothing changed)")
         return
-    click.echo(f"pruned {res.turns} turns, {res.sessions} sessions, {res.blobs} blobs, "
-               f"{res.mcp_messages} MCP messages; reclaimed {_mb(res.reclaimed)} "
-               f"({_vacuum_note(res.vacuum)}, {res.seconds:.1f} s)")
+    click.echo(f"pruned {res.what()}; reclaimed {_mb(res.reclaimed)} ({_vacuum_note(res.vacuum)}, "
+               f"{res.seconds:.1f} s)")
 
 
 def _mb(n: int) -> str:

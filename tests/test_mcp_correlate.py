@@ -106,6 +106,8 @@ def test_cline_weather_mcp_call_is_tied_to_its_turn(make_tooltap, upstream):
     status = {t["name"]: t["status"] for t in diff["tools"]}
     assert status["get_radar"] == status["crash"] == "removed"  # the fixture's Cline offered two tools
     assert status["get_forecast"] != "removed" and out.exit_code == 1  # removing tools is breaking
+    out = CliRunner().invoke(main, ["schemas", "show", "mcp:weather@999", "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 2 and "mcp:weather@999: no tool set 999 of MCP server 'weather'" in out.output
 
 
 def test_matching_rules():

@@ -114,7 +114,7 @@ def test_prune_deletes_old_turns_and_only_what_nothing_else_uses(tooltap, upstre
     r = cli("prune", "--older-than", "30d", db=db)  # while the tooltap runs
     assert r.returncode == 0, r.stderr
     # The old task's own blobs: its 5 messages (the system prompt is shared) and its tools.
-    assert r.stdout.startswith("pruned 5 turns, 1 sessions, 6 blobs, 0 MCP messages; reclaimed "), r.stdout
+    assert r.stdout.startswith("pruned 5 turns, 1 session, 6 blobs, 5 chain nodes, 0 MCP messages; reclaimed "), r.stdout
     after = counts(db)
     assert before["turns"] - after["turns"] == 5
     assert before["sessions"] - after["sessions"] == 1
@@ -154,18 +154,32 @@ def test_keep_errors_and_dry_run(tooltap, upstream):
     r = cli("prune", "--older-than", "2d", "--dry-run", db=db)
     assert r.returncode == 0, r.stderr
     # its 3 messages, the system prompt and the tools: nothing else uses them
-    assert r.stdout.startswith("would prune 2 turns, 1 sessions, 5 blobs, 3 chain nodes"), r.stdout
+    assert r.stdout.startswith("would prune 2 turns, 1 session, 5 blobs, 3 chain nodes"), r.stdout
     assert counts(db) == before
 
     r = cli("prune", "--older-than", "48h", "--keep-errors", db=db)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("pruned 1 turns, 0 sessions, 0 blobs"), r.stdout
+    assert r.stdout.startswith("pruned 1 turn, 0 sessions, 0 blobs"), r.stdout
     (error_id,) = sql(db, "SELECT id FROM turns")[0]
     turn = tooltap.api(f"/turns/{error_id}")
     assert turn["status"] == "upstream_error" and turn["parent_id"] is None
     assert turn["request"] == json.loads(bodies[1])
     (session,) = tooltap.api("/sessions")["sessions"]
     assert (session["turns"], session["errors"]) == (1, 1)
+
+
+def test_a_dry_run_and_the_prune_it_foresees_say_the_same(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json(completion("fine"))
+    send(tooltap, conversation("once", 3))
+    age(tooltap.db_path, 3, "1 = 1")
+    engine = make_engine(f"sqlite:///{tooltap.db_path}", busy_timeout=30.0)
+    try:
+        foreseen = prune(engine, 2 * DAY, dry_run=True, vacuum="none")
+        done = prune(engine, 2 * DAY, vacuum="none")
+    finally:
+        engine.dispose()
+    # the chain nodes in both, and one session said in the singular
+    assert foreseen.what() == done.what() == "3 turns, 1 session, 7 blobs, 5 chain nodes, 0 MCP messages"
 
 
 def test_stats_counts_and_growth_per_day(tooltap, upstream):

@@ -127,9 +127,10 @@ def test_a_miss_names_the_closest_request_and_the_cline_clock_is_ignored(exporte
         assert r.status_code == 404 and r.headers["x-tooltap-cassette"] == "miss"
         error = r.json()["error"]
         turn_ids = [i.turn_id for i in served.interactions]
-        assert error["closest"]["index"] == 2 and f"(turn {turn_ids[2]})" in error["closest"]["request"]
+        assert error["closest"]["index"] == 2 and f"(turn #{turn_ids[2]})" in error["closest"]["request"]
         assert error["diff"] == [{"path": "$.temperature", "recorded": 0, "received": 0.7}]
-        assert "closest recorded request: #2" in error["message"]
+        assert f"closest recorded request: interactions[2], POST /chat/completions (turn #{turn_ids[2]})" \
+            in error["message"]
         assert len(served.misses) == 1
 
 
@@ -169,8 +170,33 @@ def test_swallowed_miss(tooltap_cassette):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 failed, 1 passed" in r.stdout
     assert "FAILED test_my_agent.py::test_swallowed_miss" in r.stdout
-    assert "closest recorded request: #2" in r.stdout
+    assert "closest recorded request: interactions[2], POST /chat/completions (turn #3)" in r.stdout
     assert '$.model: recorded "deepseek-chat", received "another-model"' in r.stdout
+
+
+def test_tests_are_named_by_the_turn_s_place_whatever_its_id(tooltap, upstream, tmp_path):
+    """The cline session recorded after another one: its turns are 2 to 5 in this database,
+    and still turn1 to turn4 in the exported module (the ids only in its comments)."""
+    upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "Hello."}, "finish_reason": "stop"}]})
+    r = httpx.post(f"{tooltap.url}/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    play_cline(tooltap, upstream)
+    tooltap.flush()
+    session = next(s["id"] for s in tooltap.api("/sessions")["sessions"] if s["turns"] == 4)
+    ids = [t["id"] for t in tooltap.api(f"/sessions/{session}")["turns"]]
+    assert ids == [2, 3, 4, 5]
+    out = CliRunner().invoke(main, ["export", session, "--pytest", str(tmp_path),
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 0, out.output
+    source = next(tmp_path.glob("test_*.py")).read_text()
+    assert "    # turn 1 (#2): POST /chat/completions\n    (1, 200, [" in source
+    assert "    # turn 4 (#5): POST /chat/completions\n    (4, 200, [])," in source
+    r = run_pytest(tmp_path, "--collect-only")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [line.split("::")[1] for line in r.stdout.splitlines() if "::" in line] == [
+        f"test_turn[turn{n}]" for n in (1, 2, 3, 4)]
 
 
 def test_export_refuses_a_key_left_in_the_session(tooltap, upstream, tmp_path):

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from proxy.cli import main
 from proxy.replay.live import LiveError, replay_live
 from proxy.replay.recording import RecordedTurn, Recording
+from proxy.replay.result import render_text
 from proxy.scripted import Reply, ScriptedUpstream
 from tests.conftest import CLINE, Server, free_port
 from tests.test_proxy_e2e import play_cline
@@ -240,15 +241,16 @@ def test_other_arguments_fail_naming_turn_tool_and_path(tooltap, upstream):
         assert result.exit_code == 1, result.output
         line = next(ln for ln in result.output.splitlines() if "$.latitude" in ln)
         assert "get_forecast" in line and "38.9072" in line and "40.7128" in line
-        assert f"DIFF turn {turn_ids[2]}: weather/get_forecast" in result.output
-        assert "3 of 4 turns identical; 1 differ" in result.output
+        assert f"DIFF turn 3 (#{turn_ids[2]}): weather/get_forecast" in result.output
+        assert "3 of 4 turns identical; 1 differs" in result.output
 
         data = json.loads(replay(tooltap, session, target.url, "--format", "json").output)
         (diff,) = [d for t in data["turns"] for d in t["differences"]]
         assert (diff["kind"], diff["path"], diff["expected"], diff["actual"]) == ("argument", "$.latitude", 38.9072, 40.7128)
 
         # The argument modes and ignored paths change the verdict as documented.
-        assert replay(tooltap, session, target.url, "--ignore-arg", "latitude").exit_code == 0
+        ignored = replay(tooltap, session, target.url, "--ignore-arg", "latitude")
+        assert ignored.exit_code == 0 and "4 of 4 turns match" in ignored.output  # not identical: latitude differs
         assert replay(tooltap, session, target.url, "--ignore-arg", "get_forecast:$.latitude").exit_code == 0
         assert replay(tooltap, session, target.url, "--ignore-arg", "read_file:latitude").exit_code == 1
         assert replay(tooltap, session, target.url, "--tool-args", "get_forecast=ignore").exit_code == 0
@@ -444,9 +446,27 @@ def test_turns_that_are_not_conversations_are_skipped(upstream):
     upstream.routes["/chat/completions"] = speaking("openai", lambda n, b: [])
     result = replay_live(recording, upstream.url)
     assert result.ok and [t.note for t in result.turns] == ["skipped: not a conversation (GET /v1/models)", None]
+    assert render_text(result).splitlines()[-1] == "1 of 2 turns identical, 1 skipped"
     assert result.turns[1].runs == [True] and len(upstream.received) == 1
     with pytest.raises(LiveError):
         replay_live(recording, "file:///etc/passwd")
+
+
+def test_a_session_with_nothing_to_compare_does_not_pass(tooltap, upstream):
+    """Its only turn failed when recorded: skipped, so not identical, and the run, which
+    compared nothing, exits 1."""
+    upstream.routes["/chat/completions"] = Reply.json({"error": {"message": "overloaded"}}, status=503)
+    r = httpx.post(f"{tooltap.url}/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503
+    tooltap.flush()
+    (session,) = tooltap.api("/sessions")["sessions"]
+    with serve({"/chat/completions": speaking("openai", lambda n, b: [])}) as target:
+        result = replay(tooltap, session["id"], target.url)
+        assert not target.received
+    assert result.exit_code == 1, result.output
+    assert "skip turn 1 (#1): no tool calls" in result.output and "did not succeed (upstream_error)" in result.output
+    assert result.output.splitlines()[-1] == "0 of 1 turns identical, 1 skipped; no turn was compared"
 
 
 def test_send_reads_every_answer_shape(upstream):

@@ -87,7 +87,7 @@ def test_changed_bytes_are_named_turn_field_and_values(tooltap, upstream):
     assert out.exit_code == 1, out.output
     line = next(x for x in out.output.splitlines() if "tool_calls[0]:" in x)
     assert "$.longitude recorded -77.0369, replayed -77.0368" in line
-    assert f"DIFF turn {turn3.id}" in out.output and "3 of 4 turns identical; 1 differ" in out.output
+    assert f"DIFF turn 3 (#{turn3.id})" in out.output and "3 of 4 turns identical; 1 differs" in out.output
 
     # --format json carries the same, machine-readably.
     out = CliRunner().invoke(main, ["replay", "session", recording.session_id, "--recorded", "--format", "json",
@@ -123,12 +123,61 @@ def test_decoding_status_and_threading_are_compared(tooltap, upstream):
     assert decoded.path == "$.convention" and (decoded.expected, decoded.actual) == ("cline4", "builtin")
     parent = by[t3.id]["parent"]
     assert (parent.expected, parent.actual) == (None, t2.id)
-    assert "as the first turn of its session" in parent.reason and f"child of turn {t2.id}" in parent.reason
+    assert "as the first turn of its session" in parent.reason and f"child of turn 2 (#{t2.id})" in parent.reason
     assert by[t3.id]["decoding"].path == "$.no_tool_error"
     status = by[t4.id]["status"]
     assert (status.expected, status.actual) == ("upstream_error", "ok")
     # Result pairing was compared too, and agreed: the placeholder and the real result.
     assert "tool_calls[0].result" not in by[t2.id]
+
+
+def test_turns_are_named_by_their_place_with_the_id_beside(tooltap, upstream):
+    """A session that is not the database's first: its turn 1 has another id."""
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("hi")))
+    r = httpx.post(tooltap.url + "/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    play_cline(tooltap, upstream, split=None)
+    tooltap.flush()
+    session = next(s for s in tooltap.api("/sessions")["sessions"] if s["turns"] == 4)
+    ids = [t["id"] for t in tooltap.api(f"/sessions/{session['id']}")["turns"]]
+    assert ids[0] != 1
+
+    out = CliRunner().invoke(main, ["replay", "session", session["id"], "--recorded",
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 0, out.output
+    assert [line.split(":")[0].strip() for line in out.output.splitlines()[1:5]] == [
+        f"ok   turn {n} (#{i})" for n, i in enumerate(ids, 1)]
+    report = json.loads(CliRunner().invoke(main, ["replay", "session", session["id"], "--recorded", "--format", "json",
+                                                  "--db", f"sqlite:///{tooltap.db_path}"]).output)
+    assert [(t["place"], t["turn_id"]) for t in report["turns"]] == list(enumerate(ids, 1))
+
+    # A path left out of the comparison: the turns match, they are not said to be identical.
+    out = CliRunner().invoke(main, ["replay", "session", session["id"], "--recorded", "--ignore-arg", "latitude",
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 0 and out.output.splitlines()[-1] == "4 of 4 turns match", out.output
+
+
+def test_options_of_the_other_mode_are_refused_in_one_line(tooltap, upstream):
+    play_cline(tooltap, upstream, split=None)
+    session = recorded(tooltap).session_id
+    db = ["--db", f"sqlite:///{tooltap.db_path}"]
+    for args, says in [
+        (["--recorded", "--model", "x"], "--model only applies with --against URL"),
+        (["--recorded", "--to", "gemini"], "--to only applies with --against URL"),
+        (["--recorded", "--repeat", "3"], "--repeat only applies with --against URL"),
+        (["--recorded", "--api-key", "k", "-H", "A: b"], "--api-key and --header only apply with --against URL"),
+        (["--against", upstream.url, "--speed", "2"], "--speed only applies with --recorded"),
+    ]:
+        out = CliRunner().invoke(main, ["replay", "session", session, *args, *db])
+        assert out.exit_code == 2, (args, out.output)
+        lines = out.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0], (args, out.output)
+    assert not upstream.received[4:]  # nothing was sent: the mistake is said first
+    # A key in the environment is for live replays; a recorded one does not mind it.
+    out = CliRunner().invoke(main, ["replay", "session", session, "--recorded", *db],
+                             env={"TOOLTAP_REPLAY_API_KEY": "k"})
+    assert out.exit_code == 0, out.output
 
 
 def test_speed_follows_the_recorded_timing(tooltap, upstream):

@@ -4,6 +4,7 @@ the JSON API and the POST that starts a replay, and the pages in a real headless
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import zlib
 from pathlib import Path
@@ -166,6 +167,51 @@ def test_cli_record_run_is_listed(tooltap, upstream):
     assert out.exit_code == 0, out.output
     runs = tooltap.api(f"/sessions/{sid}/replays")["runs"]
     assert [(r["kind"], r["target"], r["ok"], r["turns"]) for r in runs] == [("recorded", "recorded", True, 4)]
+
+
+def weather_call(city: str) -> Reply:
+    return Reply.json({"id": "c", "object": "chat.completion", "model": "m", "choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}}]})
+
+
+def test_a_live_run_page_says_what_was_set_and_names_turns_by_place(tooltap, upstream):
+    upstream.routes["/chat/completions"] = [Reply.json({"error": {"message": "overloaded"}}, status=503),
+                                            weather_call("Paris"), weather_call("Lyon")]
+    for task in ("failed task", "weather task"):  # two sessions: the second's turn 1 is turn #2
+        httpx.post(tooltap.url + "/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": task}]})
+    tooltap.flush()
+    by_title = {s["title"]: s["id"] for s in tooltap.api("/sessions")["sessions"]}
+    failed, weather = by_title["failed task"], by_title["weather task"]
+
+    def live(session: str, *args: str) -> dict:
+        out = CliRunner().invoke(main, ["replay", "session", session, "--against", upstream.url, "--record-run",
+                                        *args, "--db", f"sqlite:///{tooltap.db_path}"])
+        assert out.exception is None or isinstance(out.exception, SystemExit), out.output
+        return tooltap.api(f"/sessions/{session}/replays")["runs"][0]
+
+    def shown(run_id: int, testid: str) -> list[str]:
+        page = httpx.get(f"{tooltap.url}/_tooltap/replays/{run_id}").text
+        found = re.findall(rf'data-testid="{testid}"[^>]*>(.*?)</(?:span|div|article)>', page, re.S)
+        return [" ".join(re.sub(r"<[^>]+>", " ", x).split()) for x in found]
+
+    run_ = live(weather, "--model", "m2", "--ignore-arg", "city")  # Lyon where Paris was recorded
+    assert run_["ok"] is True
+    assert shown(run_["id"], "verdict") == ["match"]  # city differed: not identical
+    assert shown(run_["id"], "turn-counts") == ["1 of 1 turns match"]
+    assert shown(run_["id"], "setting") == ["model m2", "ignoring city"]  # no "to None", no "per_tool {}"
+    page = httpx.get(f"{tooltap.url}/_tooltap/replays/{run_['id']}").text
+    assert 'turn 1 <span class="turn-id">#2</span></a>' in page and "None" not in page
+
+    run_ = live(failed)  # its only turn failed when recorded: skipped, nothing compared
+    assert run_["ok"] is False and (run_["turns"], run_["differing"]) == (0, 0)
+    assert shown(run_["id"], "verdict") == ["nothing compared"]
+    assert shown(run_["id"], "turn-counts") == ["0 of 1 turns identical, 1 skipped"]
+    row = httpx.get(f"{tooltap.url}/_tooltap/sessions/{failed}").text
+    row = row[row.index('data-testid="runs"'):]
+    assert "nothing compared" in row[:row.index("</tr>", row.index("<tbody>"))]
 
 
 # -- in a real browser -----------------------------------------------------------------------

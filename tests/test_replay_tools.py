@@ -4,6 +4,7 @@ every provider's tool format, by the real command line."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 from click.testing import CliRunner
@@ -125,15 +126,16 @@ def test_cline_weather_reports_the_leaked_task_progress_on_every_provider_that_k
 
     text = replay_tools(session["id"], "--db", url)
     assert text.exit_code == 1
-    assert f"turn {mcp_turn} call 0  weather/get_forecast (cIya4J0mcp0get_forecast)  $.task_progress" in text.stdout
+    assert f"turn 3 (#{mcp_turn}) call 0  weather/get_forecast (cIya4J0mcp0get_forecast)  $.task_progress" \
+        in text.stdout
     assert ("rejected by " + ", ".join(ALL[:4] + ALL[5:]) + "; accepted by Gemini parameters") in text.stdout
-    assert "1 session: 1 with calls a provider would reject (6 rejections in all)" in text.stdout
+    assert "1 session: 1 with calls a provider would reject (1 rejected call in all)" in text.stdout
     assert text.stderr == ""  # one session, not a terminal: no progress bar
 
     md = replay_tools(session["id"], "--db", url, "--format", "markdown")
     assert md.exit_code == 1
     row = next(line for line in md.stdout.splitlines() if "`$.task_progress`" in line)
-    assert row.startswith(f"| {mcp_turn} | 0 | `weather/get_forecast` (`cIya4J0mcp0get_forecast`) |")
+    assert row.startswith(f"| 3 (#{mcp_turn}) | 0 | `weather/get_forecast` (`cIya4J0mcp0get_forecast`) |")
     assert row.endswith("| " + ", ".join(ALL[:4] + ALL[5:]) + " |")
     assert "| Gemini parameters | `weather/get_forecast` (`cIya4J0mcp0get_forecast`) | " \
            "`$.parameters.additionalProperties` | dropped |" in md.stdout
@@ -198,6 +200,39 @@ def test_names_lost_keywords_and_wrong_types_are_reported_for_the_right_provider
     assert "\x1b" not in text and "evil\\x1b[31m|name" in text
     md = replay_tools(s["id"], "--db", db(tooltap), "--format", "markdown").stdout
     assert "\x1b" not in md and "`evil\\x1b[31m\\|name`" in md
+
+
+def test_rejected_calls_count_calls_and_name_turns_by_place(tooltap, upstream):
+    """One call refused for two reasons, in a session that is not the database's first."""
+    record_valid(tooltap, upstream)
+    send_openai(tooltap, upstream, "weather twice wrong", [weather_tool("openai")],
+                [("get_weather", {"city": 5, "days": "three"})])
+    s = session_of(tooltap, "weather twice wrong")
+    (turn,) = tooltap.api(f"/sessions/{s['id']}")["turns"]
+    assert turn["id"] == 2
+
+    r = replay_tools(s["id"], "--db", db(tooltap), "--format", "json", "--record-run")
+    providers = json.loads(r.stdout)["sessions"][0]["providers"]
+    assert {len(p["rejected"]) for p in providers} == {2}  # $.city and $.days, for every provider
+    assert {p["counts"]["rejected_calls"] for p in providers} == {1}
+    assert {(x["turn_id"], x["place"]) for p in providers for x in p["rejected"]} == {(2, 1)}
+
+    text = replay_tools(s["id"], "--db", db(tooltap)).stdout
+    assert "1 tool call" in text and "(1 rejected call in all)" in text
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("OpenAI chat ", "MCP "))]
+    assert [row[-3] for row in rows] == ["1", "1"]  # the rejected calls column
+    assert "turn 1 (#2) call 0  get_weather  $.city" in text and "turn 1 (#2) call 0  get_weather  $.days" in text
+    md = replay_tools(s["id"], "--db", db(tooltap), "--format", "markdown").stdout
+    assert "| OpenAI chat | 1 | 0 |" in md and "| 1 (#2) | 0 | `get_weather` | `$.city` |" in md
+
+    # The run's page says the same as the command line.
+    from proxy.replay.runs import runs_of_session
+
+    (run,) = runs_of_session(open_reader(db(tooltap)).engine, s["id"])
+    page = httpx.get(f"{tooltap.url}/_tooltap/replays/{run['id']}").text
+    table = page[page.index('data-testid="providers"'):page.index("</table>")]
+    assert re.search(r"<td>MCP</td><td class=\"num\">1</td>", table), table
+    assert 'turn 1 <span class="turn-id">#2</span></a> call 0' in page
 
 
 def test_all_covers_every_session_with_a_progress_bar_and_records_runs(tooltap, upstream):

@@ -103,6 +103,13 @@ def test_convert_raw_prints_tools_and_losses_on_stderr():
     assert "15 tools, 15 losses" in result.stderr
 
 
+def test_one_tool_is_said_in_the_singular(tmp_path):
+    one = tools_file(tmp_path, "one.json", json.loads(TURN1.read_text())["tools"][-1:])  # get_forecast
+    result = run("convert", "--to", "gemini", one)
+    assert result.exit_code == 0 and result.stderr.splitlines()[-1] == "1 tool, 1 loss"
+    assert run("show", one).output.splitlines()[0] == f"{one}: 1 tool (openai)"
+
+
 def test_convert_json_envelope_with_cline_profile():
     result = run("convert", "--to", "openai", "--profile", "cline", "--format", "json", TURN1)
     data = json.loads(result.stdout)

@@ -56,6 +56,21 @@ def test_verdicts(old, new, expected):
     assert kinds(compare_schemas(old, new)) == expected
 
 
+def test_a_keyword_taken_away_is_said_removed_not_null():
+    closed = {**obj({"a": {"type": "string", "maxLength": 5, "pattern": "^a"}}), "additionalProperties": False}
+    opened = obj({"a": {"type": "string"}})
+    messages = {c["path"]: c["message"] for c in compare_schemas(closed, opened)}
+    assert messages == {"$.additionalProperties": "additionalProperties false removed",
+                        "$.properties.a.maxLength": "maxLength 5 removed",
+                        "$.properties.a.pattern": 'pattern "^a" removed'}
+    back = {c["path"]: c["message"] for c in compare_schemas(opened, closed)}
+    assert back["$.additionalProperties"] == "additionalProperties false added"
+    assert back["$.properties.a.maxLength"] == "maxLength 5 added"
+    changed = compare_schemas(obj({"a": {"type": "string", "maxLength": 5}}),
+                              obj({"a": {"type": "string", "maxLength": 9}}))
+    assert [c["message"] for c in changed] == ["maxLength 5 -> 9"]
+
+
 def test_change_paths_point_at_the_parameter():
     changes = compare_schemas(obj({"a": obj({"b": {"type": "string"}})}), obj({"a": obj({"b": {"type": "number"}})}))
     assert [c["path"] for c in changes] == ["$.properties.a.properties.b.type"]

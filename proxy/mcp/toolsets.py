@@ -25,7 +25,7 @@ from ..store.models import McpToolSet
 
 
 def load_source(source: str, db_url: str) -> ToolSet:
-    from ..store.db import DatabaseUnavailable, open_database
+    from ..store.db import DatabaseUnavailable, open_database, shown_url
 
     spec = source[len("mcp:"):]
     name, at, which = spec.partition("@")
@@ -46,7 +46,8 @@ def load_source(source: str, db_url: str) -> ToolSet:
                 q = q.where(McpToolSet.id == int(which))
             row = db.exec(q.order_by(McpToolSet.last_seen.desc(), McpToolSet.id.desc()).limit(1)).first()
             if row is None:
-                raise SourceError(f"{source}: no tools/list answer of MCP server {name!r} in {db_url}")
+                what = f"no tool set {which}" if at else "no tools/list answer"
+                raise SourceError(f"{source}: {what} of MCP server {name!r} in {shown_url(db_url)}")
             return from_document(content.unpack(row.tools), source)
     finally:
         engine.dispose()
@@ -54,10 +55,11 @@ def load_source(source: str, db_url: str) -> ToolSet:
 
 def offered(db_url: str, server: str, session_id: str, source: str) -> ToolSet:
     from ..store import read
+    from ..store.db import shown_url
 
     tools = read.session_tools(db_url, session_id)
     if tools is None:
-        raise SourceError(f"{source}: no session {session_id!r} with tools in {db_url}")
+        raise SourceError(f"{source}: no session {session_id!r} with tools in {shown_url(db_url)}")
     whole = from_document(tools, source)
     mine = []
     for spec in whole.tools:

@@ -140,9 +140,11 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
                 order, arg_mode, tool_args, ignore, fmt, record_run) -> None:
     """Replay SESSION and compare what comes back with what was recorded, turn by turn.
 
-    Exit 0 when every turn matches, 1 when one differs, 2 on a usage error."""
+    Exit 0 when every turn matches, 1 when one differs or none could be compared (every
+    turn skipped), 2 on a usage error."""
     if recorded == bool(url):
         raise click.UsageError("give either --recorded or --against URL")
+    _refuse_other_mode(recorded)
     try:
         per_tool = dict(_pair(t, "--tool-args", "TOOL=MODE") for t in tool_args)
         rules = Rules(order=order, args=arg_mode, per_tool=per_tool, ignore=tuple(ignore))
@@ -174,6 +176,25 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
     sys.exit(0 if result.ok else 1)
 
 
+# The options of one mode, as the user spells them; the other mode would ignore them.
+LIVE_ONLY = {"model": "--model", "to_api": "--to", "repeat": "--repeat", "api_key": "--api-key", "headers": "--header"}
+RECORDED_ONLY = {"speed": "--speed"}
+
+
+def _refuse_other_mode(recorded: bool) -> None:
+    """An option the chosen mode would ignore is a mistake to point out, not to drop."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    # Given on the command line only: TOOLTAP_REPLAY_API_KEY may be set for every run.
+    given = [flag for name, flag in (LIVE_ONLY if recorded else RECORDED_ONLY).items()
+             if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+    if given:
+        needs = "--against URL (live replay)" if recorded else "--recorded"
+        raise click.UsageError(f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} "
+                               f"with {needs}")
+
+
 def _pair(text: str, option: str, shape: str, sep: str = "=") -> tuple[str, str]:
     key, found, value = text.partition(sep)
     if not found or not key.strip():
@@ -197,7 +218,8 @@ def export(session_id, db_url, pytest_dir, har_path) -> None:
     if har_path:
         from ..har.cli import write_har
 
-        click.echo(f"wrote {har_path} ({write_har(db_url, session_id, har_path)} entries)")
+        entries = write_har(db_url, session_id, har_path)
+        click.echo(f"wrote {har_path} ({entries} {'entry' if entries == 1 else 'entries'})")
         if not pytest_dir:
             return
     recording = _recording(_reader(db_url), session_id)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .cassette import Cassette, find_secrets, secrets_in_text
+from .recording import turn_name
 from .upstream import CLINE_VOLATILE
 
 
@@ -55,15 +56,16 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
 
 def pytest_module(recording, cassette_name: str) -> str:
     turns = []
+    places = recording.places()
     for turn in recording.turns:
         calls = "".join(
             f"        Call(\n            tool={literal(c.tool)},\n            name={literal(c.name)},\n"
             f"            arguments={literal(c.arguments, 12)},\n        ),\n" for c in turn.calls)
-        status = turn.http_status or 502
-        turns.append(f"    # turn {turn.id}: {_comment(turn.method + ' ' + turn.path)}\n"
-                     f"    ({turn.id}, {status}, [\n{calls}    ]),\n" if calls else
-                     f"    # turn {turn.id}: {_comment(turn.method + ' ' + turn.path)}\n"
-                     f"    ({turn.id}, {status}, []),\n")
+        status, place = turn.http_status or 502, places[turn.id]
+        # The place names the test (turn1, turn2...): the same in every database the session
+        # is exported from; the id, in the comment, finds the turn in this one.
+        turns.append(f"    # {turn_name(place, turn.id)}: {_comment(turn.method + ' ' + turn.path)}\n"
+                     + (f"    ({place}, {status}, [\n{calls}    ]),\n" if calls else f"    ({place}, {status}, []),\n"))
     session = {"id": recording.session_id, "title": recording.title, "agent": recording.agent}
     return _MODULE.format(session=literal(session), cassette=literal(cassette_name),
                           session_id=_comment(recording.session_id), turns="".join(turns))
@@ -86,7 +88,7 @@ from proxy.testing import Call, assert_calls
 SESSION = {session}
 pytestmark = pytest.mark.tooltap_cassette({cassette})
 
-# (recorded turn, HTTP status, tool calls), in recorded order.
+# (turn: its place in the session, HTTP status, tool calls), in recorded order.
 TURNS = [
 {turns}]
 

@@ -87,10 +87,12 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
         "url": target.base, "model": model, "to": to_api, "repeat": repeat, "order": rules.order,
         "args": rules.args, "per_tool": dict(rules.per_tool), "ignore": list(rules.ignore)})
     uids = _known_uids(recording)
+    places = recording.places()
     seen_losses: set[str] = set()
     with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
         for turn in recording.turns:
             verdict = _replay_turn(client, turn, target, repeat, rules, uids)
+            verdict.place = places[turn.id]
             # Each loss is listed at the first turn it occurs in: the tools repeat every turn.
             new = [loss for loss in verdict.lost if loss not in seen_losses]
             seen_losses.update(verdict.lost)

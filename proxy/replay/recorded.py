@@ -26,7 +26,7 @@ import httpx
 from ..store import content
 from ..store.sessions import OTHER_PREFIX
 from .compare import ABSENT, Call, Rules, compare_calls, describe, same_value, short, value_diff
-from .recording import RecordedCall, RecordedTurn, Recording
+from .recording import RecordedCall, RecordedTurn, Recording, turn_name
 from .result import Difference, ReplayResult, TurnVerdict
 from .upstream import CassetteUpstream, Interaction, decoded_chunks
 
@@ -54,7 +54,8 @@ def replay_recorded(recording: Recording, *, speed: float = 0.0, rules: Rules | 
         replayed = _read_back(db_url)
     verdicts = compare_turns(recording, replayed, errors, rules)
     return ReplayResult("recorded", recording.session_id, "recorded", verdicts,
-                        settings={"speed": speed, "order": rules.order, "args": rules.args})
+                        settings={"speed": speed, "order": rules.order, "args": rules.args,
+                                  "per_tool": dict(rules.per_tool), "ignore": list(rules.ignore)})
 
 
 # -- running the fresh tooltap -----------------------------------------------------------------
@@ -189,9 +190,11 @@ def compare_turns(recording: Recording, replayed: list[tuple[str, RecordedTurn]]
     rec_pos = {t.id: n for n, t in enumerate(recording.turns)}
     rep_pos = {t.id: n for n, (_, t) in enumerate(replayed)}
     first_session = replayed[0][0] if replayed else None
+    places = recording.places()
     verdicts = []
     for n, rec in enumerate(recording.turns):
-        verdict = TurnVerdict(turn_id=rec.id, ok=True, recorded_calls=[_call_dict(c) for c in rec.calls])
+        verdict = TurnVerdict(turn_id=rec.id, ok=True, recorded_calls=[_call_dict(c) for c in rec.calls],
+                              place=places[rec.id])
         if n in errors:
             verdict.error = errors[n]
         if n >= len(replayed):
@@ -326,4 +329,5 @@ def _parent_words(recording: Recording, pos: int | None) -> str:
         return "as the first turn of its session"
     if pos >= len(recording.turns):
         return "as a child of a turn that was not recorded"
-    return f"as a child of turn {recording.turns[pos].id}"
+    parent = recording.turns[pos].id
+    return f"as a child of {turn_name(recording.places()[parent], parent)}"

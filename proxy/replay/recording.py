@@ -97,6 +97,19 @@ class Recording:
     def turn(self, turn_id: int) -> RecordedTurn | None:
         return next((t for t in self.turns if t.id == turn_id), None)
 
+    def places(self) -> dict[int, int]:
+        """Turn id -> its place in the session (1 for the first), by id as the inspector
+        numbers them: what a person calls the turn; the id is for URLs and the API."""
+        return {turn_id: n for n, turn_id in enumerate(sorted(t.id for t in self.turns), 1)}
+
+
+def turn_name(place: int | None, turn_id: int | None) -> str:
+    """`turn 2 (#7)`: the turn's place in its session, its id beside it (the id alone
+    when the place is not known, as in a run stored before places were)."""
+    if place is None:
+        return f"turn #{turn_id}"
+    return f"turn {place} (#{turn_id})"
+
 
 def open_reader(db_url: str):
     """A Reader over an existing database: a read never creates one."""

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .recording import turn_name
+
 
 @dataclass
 class Difference:
@@ -31,6 +33,16 @@ class TurnVerdict:
     lost: list[str] = field(default_factory=list)  # what translating the request lost
     error: str | None = None  # the turn could not be replayed at all (e.g. upstream unreachable)
     note: str | None = None  # why the turn was left out (live replay skips turns that are not conversations)
+    place: int | None = None  # the turn's place in its session (1 for the first): what people call it
+
+    @property
+    def skipped(self) -> bool:
+        """Left out, so neither identical nor different (a note says why)."""
+        return self.note is not None
+
+    @property
+    def name(self) -> str:
+        return turn_name(self.place, self.turn_id)
 
 
 @dataclass
@@ -43,7 +55,20 @@ class ReplayResult:
 
     @property
     def ok(self) -> bool:
-        return all(t.ok for t in self.turns)
+        """Every turn compared matched, and at least one was compared: a run that compared
+        nothing (every turn skipped) proves nothing, so it does not pass."""
+        return all(t.ok for t in self.turns) and self.compared > 0
+
+    @property
+    def compared(self) -> int:
+        return sum(not t.skipped for t in self.turns)
+
+    @property
+    def verdict(self) -> str:
+        """What the run says of itself, in a word or three."""
+        if self.ok:
+            return same_word(self.settings)
+        return "nothing compared" if not self.compared else "differs"
 
     @property
     def pass_hat_k(self) -> float | None:
@@ -62,14 +87,38 @@ class ReplayResult:
         return cls(d["kind"], d["session_id"], d["target"], turns, d.get("settings") or {})
 
 
+def same_word(settings: dict) -> str:
+    """"identical" when the calls were held to the exact recording; "match" when modes or
+    ignored paths let some differences through (those turns are not identical)."""
+    loosened = (settings.get("order", "strict") != "strict" or settings.get("args", "exact") != "exact"
+                or settings.get("per_tool") or settings.get("ignore"))
+    return "match" if loosened else "identical"
+
+
+def summary(result: ReplayResult) -> str:
+    """`3 of 4 turns identical, 1 skipped; 1 differs`: skipped turns are neither."""
+    differing = sum(not t.ok for t in result.turns)
+    skipped = len(result.turns) - result.compared
+    same = len(result.turns) - differing - skipped
+    out = f"{same} of {len(result.turns)} turns {same_word(result.settings)}"
+    out += f", {skipped} skipped" if skipped else ""
+    if result.pass_hat_k is not None and any(len(t.runs) > 1 for t in result.turns):
+        out += f"; pass^{max(len(t.runs) for t in result.turns)} = {result.pass_hat_k:.2f}"
+    if differing:
+        out += f"; {differing} {'differs' if differing == 1 else 'differ'}"
+    if not result.compared:
+        out += "; no turn was compared"
+    return out
+
+
 def render_text(result: ReplayResult) -> str:
     """One line per turn, then one indented line per difference: read in seconds."""
     lines = [f"replay {result.kind} of session {result.session_id} against {result.target}"]
     for t in result.turns:
-        mark = "ok  " if t.ok else "DIFF"
+        mark = "skip" if t.skipped else "ok  " if t.ok else "DIFF"
         runs = f"  ({sum(t.runs)}/{len(t.runs)} runs passed)" if len(t.runs) > 1 else ""
         calls = ", ".join(c.get("tool", "?") for c in t.recorded_calls) or "no tool calls"
-        lines.append(f"  {mark} turn {t.turn_id}: {calls}{runs}")
+        lines.append(f"  {mark} {t.name}: {calls}{runs}")
         if t.error:
             lines.append(f"         error: {t.error}")
         if t.note:
@@ -78,27 +127,23 @@ def render_text(result: ReplayResult) -> str:
             lines.append(f"         {d.field}: {d.reason}")
         for loss in t.lost:
             lines.append(f"         lost in translation: {loss}")
-    differing = sum(not t.ok for t in result.turns)
-    summary = f"{len(result.turns) - differing} of {len(result.turns)} turns identical"
-    if result.pass_hat_k is not None and any(len(t.runs) > 1 for t in result.turns):
-        summary += f"; pass^{max(len(t.runs) for t in result.turns)} = {result.pass_hat_k:.2f}"
-    lines.append(summary + ("" if result.ok else f"; {differing} differ"))
+    lines.append(summary(result))
     return "\n".join(lines)
 
 
 def render_markdown(result: ReplayResult) -> str:
     lines = [f"## Replay ({result.kind}) of session `{result.session_id}`", "",
-             f"Target: `{result.target}` · {'identical' if result.ok else 'differs'}", "",
+             f"Target: `{result.target}` · {result.verdict} · {summary(result)}", "",
              "| turn | verdict | field | what differs |", "|---|---|---|---|"]
     for t in result.turns:
         rows = [(d.field, d.reason) for d in t.differences]
         rows += [("error", t.error)] if t.error else []
         rows += [("note", t.note)] if t.note else []
         rows += [("lost in translation", loss) for loss in t.lost]
+        turn = t.name.removeprefix("turn ")
+        verdict = "skipped" if t.skipped else "ok" if t.ok else "**differs**"
         for f, why in rows or [("", "")]:
-            lines.append(f"| {t.turn_id} | {'ok' if t.ok else '**differs**'} | {f} | {_cell(why)} |")
-    if result.pass_hat_k is not None and any(len(t.runs) > 1 for t in result.turns):
-        lines += ["", f"pass^{max(len(t.runs) for t in result.turns)} = {result.pass_hat_k:.2f}"]
+            lines.append(f"| {turn} | {verdict} | {f} | {_cell(why)} |")
     return "\n".join(lines)
 
 

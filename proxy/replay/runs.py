@@ -71,7 +71,9 @@ def _counts(report: dict) -> tuple[int | None, int | None]:
     turns = report.get("turns")
     if not isinstance(turns, list):
         return None, None
-    return len(turns), sum(1 for t in turns if isinstance(t, dict) and not t.get("ok", True))
+    # A skipped turn (its note says why) neither matched nor differed: it is not counted.
+    compared = [t for t in turns if isinstance(t, dict) and t.get("note") is None]
+    return len(compared), sum(1 for t in compared if not t.get("ok", True))
 
 
 def _number(value: Any) -> float | None:

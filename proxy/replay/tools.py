@@ -109,6 +109,7 @@ class Rejected:
     path: str  # JSON path inside the arguments
     kind: str  # validate.py's kinds: additional_property, undeclared_parameter, wrong_type...
     reason: str
+    place: int | None = None  # the turn's place in its session (1 for the first)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,11 @@ class ProviderReport:
     @property
     def ok(self) -> bool:
         return not self.rejected
+
+    @property
+    def rejected_calls(self) -> int:
+        """Calls refused: one call refused for two reasons is two rejections, one call."""
+        return len({(r.turn_id, r.call_index) for r in self.rejected})
 
 
 @dataclass
@@ -155,6 +161,7 @@ class SessionReport:
                 "calls": self.calls, "tool_sets": self.tool_sets, "tools": self.tools,
                 "providers": [{"target": p.target, "label": p.label, "ok": p.ok,
                                "counts": {"lost": len(p.lost), "rejected": len(p.rejected),
+                                          "rejected_calls": p.rejected_calls,
                                           "invalid_names": len(p.invalid_names)},
                                # flat records: vars() is asdict() without its deep copy
                                "lost": [dict(vars(x)) for x in p.lost],
@@ -214,6 +221,7 @@ class ConverterReplay:
         seen_lost: dict[str, set] = {t.key: set() for t in self.targets}
         seen_names: dict[str, set] = {t.key: set() for t in self.targets}
         tool_names: set[str] = set()
+        places = recording.places()
         for turn in recording.turns:
             report.calls += len(turn.calls)
             tools_doc = _offered(turn.api, turn.request)
@@ -229,7 +237,8 @@ class ConverterReplay:
                     _extend_new(providers[t.key].invalid_names, conv.names, seen_names[t.key])
             for call in turn.calls:
                 if tool_set is None or call.name not in tool_set.labels:
-                    report.unmatched.append({"turn_id": turn.id, "call_index": call.index, "tool": call.tool,
+                    report.unmatched.append({"turn_id": turn.id, "place": places[turn.id],
+                                             "call_index": call.index, "tool": call.tool,
                                              "name": call.name, "reason": "no tool of that name was offered"
                                              if tool_set is not None else "the request offered no tools"})
                     continue
@@ -239,7 +248,8 @@ class ConverterReplay:
                         continue
                     for v in self._check(call, *found):
                         providers[t.key].rejected.append(Rejected(
-                            turn.id, call.index, call.id, call.tool, call.name, v["path"], v["kind"], v["message"]))
+                            turn.id, call.index, call.id, call.tool, call.name, v["path"], v["kind"], v["message"],
+                            places[turn.id]))
         report.tool_sets = len(seen_sets)
         report.tools = len(tool_names)
         report.providers = list(providers.values())

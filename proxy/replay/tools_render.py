@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import orjson
 
+from .recording import turn_name
 from .tools import ProviderReport, SessionReport, ToolsReport
 
 TEXT_LIMIT = 12  # lines per section in text; JSON and Markdown list everything
@@ -50,7 +51,7 @@ def _session_text(s: SessionReport) -> list[str]:
              f"{_n(s.tool_sets, 'distinct tool set')}"]
     lines += ["  " + row for row in _table(
         ["provider", "rejected calls", "invalid names", "lost"],
-        [[p.label, len(p.rejected), len(p.invalid_names), len(p.lost)] for p in s.providers])]
+        [[p.label, p.rejected_calls, len(p.invalid_names), len(p.lost)] for p in s.providers])]
     lines += _rejected_text(s)
     for p in s.providers:
         detail = _provider_text(p)
@@ -59,7 +60,7 @@ def _session_text(s: SessionReport) -> list[str]:
             lines += ["    " + d for d in detail]
     if s.unmatched:
         lines.append(f"  {len(s.unmatched)} call(s) matched no offered tool (not checked):")
-        lines += [f"    turn {u['turn_id']} call {u['call_index']}  {tool_name(u['tool'], u['name'])}: {u['reason']}"
+        lines += [f"    {_turn(u)} call {u['call_index']}  {tool_name(u['tool'], u['name'])}: {u['reason']}"
                   for u in s.unmatched[:TEXT_LIMIT]]
         lines += _more(len(s.unmatched))
     lines += [f"  error: {clean(e)}" for e in s.errors]
@@ -73,8 +74,8 @@ def _rejected_text(s: SessionReport) -> list[str]:
     if not by:
         return []
     lines = ["  rejected calls"]
-    for (turn_id, index, tool, name, path, reason), labels in by[:TEXT_LIMIT]:
-        lines.append(f"    turn {turn_id} call {index}  {tool_name(tool, name)}  {clean(path)}")
+    for (turn_id, place, index, tool, name, path, reason), labels in by[:TEXT_LIMIT]:
+        lines.append(f"    {turn_name(place, turn_id)} call {index}  {tool_name(tool, name)}  {clean(path)}")
         lines.append(f"      {clean(reason)}")
         kept = [p.label for p in s.providers if p.label not in labels]
         lines.append(f"      rejected by {', '.join(labels)}" + (f"; accepted by {', '.join(kept)}" if kept else ""))
@@ -83,12 +84,22 @@ def _rejected_text(s: SessionReport) -> list[str]:
 
 
 def _rejections(s: SessionReport) -> list[tuple[tuple, list[str]]]:
-    """[((turn, call, tool, name, path, reason), [provider labels])], each call once."""
+    """[((turn id, place, call, tool, name, path, reason), [provider labels])], each
+    rejection once."""
     by: dict[tuple, list[str]] = defaultdict(list)
     for p in s.providers:
         for r in p.rejected:
-            by[(r.turn_id, r.call_index, r.tool, r.name, r.path, r.reason)].append(p.label)
+            by[(r.turn_id, r.place, r.call_index, r.tool, r.name, r.path, r.reason)].append(p.label)
     return list(by.items())
+
+
+def _turn(u: dict) -> str:
+    return turn_name(u.get("place"), u["turn_id"])
+
+
+def _rejected_calls(report: ToolsReport) -> int:
+    """Calls some provider would reject, each counted once however many refuse it and why."""
+    return sum(len({(r.turn_id, r.call_index) for p in s.providers for r in p.rejected}) for s in report.sessions)
 
 
 def _provider_text(p: ProviderReport) -> list[str]:
@@ -143,8 +154,8 @@ def _summary(report: ToolsReport) -> str:
     bad = [s for s in report.sessions if not s.ok]
     if not bad:
         return f"{sessions}: no call would be rejected by any provider's converted schema"
-    calls = sum(len(p.rejected) for s in report.sessions for p in s.providers)
-    return f"{sessions}: {len(bad)} with calls a provider would reject ({_n(calls, 'rejection')} in all)"
+    return (f"{sessions}: {len(bad)} with calls a provider would reject "
+            f"({_n(_rejected_calls(report), 'rejected call')} in all)")
 
 
 # -- markdown ---------------------------------------------------------------------------------
@@ -173,14 +184,15 @@ def render_markdown(report: ToolsReport) -> str:
                   f"{_n(s.calls, 'tool call')} · "
                   f"{_n(s.tools, 'tool')} in {_n(s.tool_sets, 'tool set')}", "",
                   "| provider | rejected calls | invalid names | lost |", "|---|---:|---:|---:|"]
-        lines += [f"| {p.label} | {len(p.rejected)} | {len(p.invalid_names)} | {len(p.lost)} |"
+        lines += [f"| {p.label} | {p.rejected_calls} | {len(p.invalid_names)} | {len(p.lost)} |"
                   for p in s.providers]
         rejected = _rejections(s)
         if rejected:
             lines += ["", "Rejected calls:", "", "| turn | call | tool | path | reason | rejected by |",
                       "|---:|---:|---|---|---|---|"]
-            lines += [f"| {turn_id} | {index} | {md_tool(tool, name)} | {code(path)} | {md(reason)} | "
-                      f"{', '.join(labels)} |" for (turn_id, index, tool, name, path, reason), labels in rejected]
+            lines += [f"| {turn_name(place, turn_id).removeprefix('turn ')} | {index} | {md_tool(tool, name)} | "
+                      f"{code(path)} | {md(reason)} | {', '.join(labels)} |"
+                      for (turn_id, place, index, tool, name, path, reason), labels in rejected]
         names = [(p, n) for p in s.providers for n in p.invalid_names]
         if names:
             lines += ["", "Invalid names:", "", "| provider | tool | reason |", "|---|---|---|"]
@@ -192,7 +204,7 @@ def render_markdown(report: ToolsReport) -> str:
                       f"{md(x.reason)} | {x.via} |" for p, x in lost]
         if s.unmatched:
             lines += ["", "Calls that matched no offered tool (not checked):", ""]
-            lines += [f"- turn {u['turn_id']} call {u['call_index']}: {md_tool(u['tool'], u['name'])}: "
+            lines += [f"- {_turn(u)} call {u['call_index']}: {md_tool(u['tool'], u['name'])}: "
                       f"{md(u['reason'])}" for u in s.unmatched]
         lines += [f"- error: {md(e)}" for e in s.errors]
         lines.append("")

@@ -70,7 +70,7 @@ class Interaction:
 
     @property
     def label(self) -> str:
-        turn = f" (turn {self.turn_id})" if self.turn_id is not None else ""
+        turn = f" (turn #{self.turn_id})" if self.turn_id is not None else ""  # the stored turn's id
         return f"{self.method} {self.path}{turn}"
 
     @classmethod
@@ -267,7 +267,7 @@ class Miss:
         if self.closest is None:
             lines.append("  the cassette holds no requests")
             return "\n".join(lines)
-        lines.append(f"  closest recorded request: #{self.closest} {self.closest_label}")
+        lines.append(f"  closest recorded request: interactions[{self.closest}], {self.closest_label}")
         if not self.diff:
             lines.append("  its body is the same: the method or path differs")
         for path, recorded, received in self.diff[:limit]:

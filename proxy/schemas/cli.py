@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from .common import count
 from .convert import PROFILES, TARGETS, UnsupportedTarget, convert_tools
 from .diff import diff_toolsets
 from .render import diff_markdown, diff_text, loss_lines, toolset_text
@@ -113,7 +114,7 @@ def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None
     click.echo(_dump(tools))
     for line in loss_lines(losses):
         click.echo(line, err=True)
-    click.echo(f"{len(tools)} tools, {len(losses)} losses", err=True)
+    click.echo(f"{count(len(tools), 'tool')}, {count(len(losses), 'loss', 'losses')}", err=True)
 
 
 @schemas.command()

@@ -29,3 +29,8 @@ def top_level_composition_losses(params: dict, path: str, fmt: str) -> list[Loss
         for key in ("anyOf", "oneOf", "allOf")
         if key in params
     ]
+
+
+def count(n: int, what: str, plural: str | None = None) -> str:
+    """`1 tool`, `2 tools`, `1 loss`, `3 losses`."""
+    return f"{n} {what if n == 1 else plural or what + 's'}"

@@ -51,6 +51,16 @@ def _fmt(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _keyword_change(key: str, old: dict, new: dict) -> str:
+    """`maximum 10 -> 5`, or `maximum 10 removed` / `maximum 5 added` when one side has no
+    such key (a key that is there with null says `null`)."""
+    if key not in new:
+        return f"{key} {_fmt(old.get(key))} removed"
+    if key not in old:
+        return f"{key} {_fmt(new.get(key))} added"
+    return f"{key} {_fmt(old[key])} -> {_fmt(new[key])}"
+
+
 def compare_schemas(old: Any, new: Any, path: str = "$") -> list[dict]:
     """Changes from `old` to `new` (JSON Schemas), each with a breaking verdict."""
     if not isinstance(old, dict) or not isinstance(new, dict):
@@ -128,7 +138,7 @@ def _compare_object(old: dict, new: dict, path: str) -> list[dict]:
     elif canonical(oa) != canonical(na):
         closed = na is False or (isinstance(na, dict) and oa in (None, True))
         out.append(_change(join(path, "additionalProperties"), "additional_properties_changed",
-                           f"additionalProperties {_fmt(oa)} -> {_fmt(na)}", closed, oa, na))
+                           _keyword_change("additionalProperties", old, new), closed, oa, na))
     return out
 
 
@@ -148,7 +158,7 @@ def _compare_constraints(old: dict, new: dict, path: str) -> list[dict]:
             breaking = bool(n)
         else:
             breaking = tighter(n, o)
-        out.append(_change(join(path, key), "constraint_changed", f"{key} {_fmt(o)} -> {_fmt(n)}", breaking, o, n))
+        out.append(_change(join(path, key), "constraint_changed", _keyword_change(key, old, new), breaking, o, n))
 
     for key in LOWER_BOUNDS:
         bound(key, lambda n, o: n > o)
@@ -157,7 +167,8 @@ def _compare_constraints(old: dict, new: dict, path: str) -> list[dict]:
     for key in RESTRICTIONS:
         o, n = old.get(key), new.get(key)
         if o != n:
-            out.append(_change(join(path, key), "constraint_changed", f"{key} {_fmt(o)} -> {_fmt(n)}", n is not None, o, n))
+            out.append(_change(join(path, key), "constraint_changed", _keyword_change(key, old, new), n is not None,
+                               o, n))
     if bool(old.get("uniqueItems")) != bool(new.get("uniqueItems")):
         n = bool(new.get("uniqueItems"))
         out.append(_change(join(path, "uniqueItems"), "constraint_changed", f"uniqueItems -> {_fmt(n)}", n, old.get("uniqueItems"), new.get("uniqueItems")))

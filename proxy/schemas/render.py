@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .common import count
 from .losses import Loss
 from .sources import ToolSet
 
@@ -27,7 +28,7 @@ def first_line(text: str | None, width: int = 100) -> str:
 
 
 def toolset_text(ts: ToolSet, loss_counts: dict[str, int] | None = None) -> str:
-    lines = [f"{ts.source}: {len(ts.tools)} tools ({ts.format})"]
+    lines = [f"{ts.source}: {count(len(ts.tools), 'tool')} ({ts.format})"]
     for note in ts.skipped:
         lines.append(f"  skipped {note}")
     for spec in ts.tools:

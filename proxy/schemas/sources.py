@@ -138,6 +138,7 @@ def from_file(path: str | Path) -> ToolSet:
 def from_db(source: str, db_url: str | None = None) -> ToolSet:
     # Imported here so this module works without the store being present.
     from proxy.store import read
+    from proxy.store.db import shown_url
 
     db_url = db_url or default_db()
     kind, _, ident = source.partition(":")
@@ -151,12 +152,12 @@ def from_db(source: str, db_url: str | None = None) -> ToolSet:
         except ValueError:
             raise SourceError(f"turn id must be a number: {ident!r}") from None
         if not 0 < turn_id < 2**63:
-            raise SourceError(f"{source}: not found in {db_url}")
+            raise SourceError(f"{source}: not found in {shown_url(db_url)}")
         tools = read.turn_tools(db_url, turn_id)
     else:
         tools = read.session_tools(db_url, ident)
     if tools is None:
-        raise SourceError(f"{source}: not found in {db_url}")
+        raise SourceError(f"{source}: not found in {shown_url(db_url)}")
     return from_document(tools, source)
 
 

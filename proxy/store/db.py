@@ -97,12 +97,12 @@ def open_database(url: str, *, create: bool = True) -> Engine:
             raise DatabaseUnavailable("Postgres needs its driver: pip install 'tooltap[postgres]'") from exc
         raise DatabaseUnavailable(f"cannot open {url}: {exc}") from exc
     except Exception as exc:  # sqlalchemy/alembic/driver errors: name the cause, not the stack
-        raise DatabaseUnavailable(f"cannot open the database {_shown(url)}: {_cause(exc)}") from exc
+        raise DatabaseUnavailable(f"cannot open the database {shown_url(url)}: {_cause(exc)}") from exc
     return engine
 
 
-def _shown(url: str) -> str:
-    """The URL without its password."""
+def shown_url(url: str) -> str:
+    """The URL without its password: as messages, pages and logs may show it."""
     head, at, tail = url.rpartition("@")
     if not at:
         return url

@@ -98,6 +98,13 @@ class PruneResult:
     def to_json(self) -> dict:
         return {**asdict(self), "reclaimed": self.reclaimed}
 
+    def what(self) -> str:
+        """`5 turns, 1 session, 6 blobs, 5 chain nodes, 0 MCP messages`: what went, or would
+        go, in the same words for a dry run and a real one."""
+        counts = ((self.turns, "turn"), (self.sessions, "session"), (self.blobs, "blob"),
+                  (self.chain_nodes, "chain node"), (self.mcp_messages, "MCP message"))
+        return ", ".join(f"{n} {what}{'' if n == 1 else 's'}" for n, what in counts)
+
 
 @dataclass
 class _Batch:

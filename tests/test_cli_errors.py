@@ -170,8 +170,11 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path):
 
     fifo = tmp_path / "slow.har"
     os.mkfifo(fifo)  # the import waits at its open for a writer that never comes
+    # As from a terminal: a shell without job control (CI's) starts background commands
+    # with SIGINT ignored, and that is inherited.
     p = subprocess.Popen([*CLI, "import", str(fifo), "--db", f"sqlite:///{tmp_path}/t.db"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while True:  # until the import has the file open: the command itself is running
         try:

@@ -38,6 +38,8 @@ def _latency(calls: list[read.McpCall]) -> dict:
 
 def _asked_by(db: DB, calls: list[read.McpCall]) -> dict[int, dict]:
     """MCP request id -> the model call it executed, over the sessions active meanwhile."""
+    from .transcript import numbers_in  # (transcript imports this module)
+
     if not calls:
         return {}
     lo, hi = min(c.request_at for c in calls), max(c.request_at for c in calls)
@@ -50,8 +52,10 @@ def _asked_by(db: DB, calls: list[read.McpCall]) -> dict[int, dict]:
                                                 "matched_by": link["matched_by"],
                                                 "result_match": link["result_match"]})
     turns = _turn_of(db, [v["tool_call"] for v in out.values()])
+    places = {sid: numbers_in(db, sid) for sid in {v["session_id"] for v in out.values()}}
     for v in out.values():
         v["turn_id"] = turns.get(v["tool_call"])
+        v["turn_n"] = places[v["session_id"]].get(v["turn_id"])  # its place in its session, as pages name it
     return out
 
 

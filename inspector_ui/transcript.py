@@ -133,7 +133,7 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         if t is None:
             return None
         parent = db.get(Turn, t.parent_id) if t.parent_id else None
-        numbers = _turn_numbers(db, t.session_id)
+        numbers = numbers_in(db, t.session_id)
         v = turn_view(db, reader, t, _calls(db, [t.id], (mcp_links(db, t), {}), numbers).get(t.id, []), parent, {})
         if v["system"]:
             blobs: dict[str, Any] = {}
@@ -150,10 +150,11 @@ def turn_numbers(reader: Reader, session_id: str) -> dict[int, int]:
     """Turn id -> its place in its session (1 for the first): what the pages call a turn.
     The id, which counts the turns of every session together, is shown as #id."""
     with DB(reader.engine) as db:
-        return _turn_numbers(db, session_id)
+        return numbers_in(db, session_id)
 
 
-def _turn_numbers(db: DB, session_id: str) -> dict[int, int]:
+def numbers_in(db: DB, session_id: str) -> dict[int, int]:
+    """turn_numbers, in an open database session."""
     return _places(db.exec(select(Turn.id).where(Turn.session_id == session_id).order_by(Turn.id)).all())
 
 

@@ -43,7 +43,7 @@ def test_demo_plays_every_scenario_through_tooltap(tmp_path):
         chinese = next(s for s in sessions if s["title"].startswith("华盛顿"))
         assert httpx.get(f"{d.url}/_tooltap/api/mcp/sessions/{chinese['id']}").json()["unreached"] == []
         mcp_page = httpx.get(d.url + "/_tooltap/mcp/weather").text
-        assert f'#turn-{turns[0]["id"]}">turn #{turns[0]["id"]}</a>' in mcp_page
+        assert f'#turn-{turns[0]["id"]}">turn 1 <span class="muted">#{turns[0]["id"]}</span></a>' in mcp_page
         assert "<code>get_alerts</code>, <code>get_forecast</code>" in mcp_page  # its tools/list
         tools = httpx.get(f"{d.url}/_tooltap/sessions/{seattle['id']}/tools").text
         assert f'1 call in turn <a href="/_tooltap/sessions/{seattle["id"]}#turn-{turns[0]["id"]}">1</a>' in tools

@@ -485,3 +485,14 @@ def test_send_reads_every_answer_shape(upstream):
             send(client, Prepared("openai.chat", upstream.url + "/broken", {}, {}))
         with pytest.raises(ReplayFailure, match="not JSON: 'hello'"):
             send(client, Prepared("openai.chat", upstream.url + "/text", {}, {}))
+
+
+def test_an_answer_in_another_api_s_format_is_named_as_such(tooltap, upstream):
+    """`--to anthropic` against an endpoint that answers every POST as OpenAI chat: each
+    turn says the answer is not Anthropic's, not that the model made no tool call."""
+    session = record_cline(tooltap, upstream)
+    with serve({"/v1/messages": [speaking("openai", lambda n, b: CALLS[n])] * 4}) as target:
+        result = replay(tooltap, session, target.url, "--to", "anthropic")
+        assert result.exit_code == 1, result.output
+        assert result.output.count("is not in anthropic.messages format (no 'id')") == 4, result.output
+        assert "the replay did not call it" not in result.output

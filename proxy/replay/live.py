@@ -249,8 +249,23 @@ class ReplayFailure(Exception):
     """This run of a turn got no usable answer (unreachable, HTTP error, stream error)."""
 
 
+# Fields every answer of an API has (any one of them). Without them the endpoint answered
+# in another format, say an OpenAI-only server given `--to anthropic`: not "no tool calls".
+_ANSWER_FIELDS = {"openai.chat": ("choices",), "anthropic.messages": ("id",), "openai.responses": ("id",),
+                  "gemini": ("candidates", "promptFeedback")}
+
+
 def send(client: httpx.Client, prepared: Prepared) -> dict:
     """POST the request and return the answer as the non-streaming endpoint gives it."""
+    answer = _fetch(client, prepared)
+    fields = _ANSWER_FIELDS.get(prepared.api, ())
+    if fields and not any(answer.get(f) for f in fields):
+        raise ReplayFailure(f"the answer from {prepared.url} is not in {prepared.api} format (no "
+                            f"{' or '.join(map(repr, fields))}): does the endpoint speak that API?")
+    return answer
+
+
+def _fetch(client: httpx.Client, prepared: Prepared) -> dict:
     api = apis.by_name(prepared.api)
     try:
         with client.stream("POST", prepared.url, json=prepared.body, headers=prepared.headers) as r:

@@ -141,6 +141,7 @@ def test_api_lists_starts_and_shows_runs(tooltap, upstream):
     assert tools["ok"] is False and tools["target"] == "converters"
     tools_page = httpx.get(f"{tooltap.url}/_tooltap/replays/{tools['id']}").text
     assert 'data-testid="providers"' in tools_page and "task_progress" in tools_page
+    assert '<span class="verdict v-bad" data-testid="verdict">calls rejected</span>' in tools_page
 
 
 def test_a_session_named_by_its_client_replays_under_its_name(tooltap, upstream):

@@ -198,6 +198,11 @@ def test_tests_are_named_by_the_turn_s_place_whatever_its_id(tooltap, upstream, 
     assert [line.split("::")[1] for line in r.stdout.splitlines() if "::" in line] == [
         f"test_turn[turn{n}]" for n in (1, 2, 3, 4)]
 
+    # A folder in a folder that is not there: a mistyped path is said, not made.
+    typo = tmp_path / "no-such-dir" / "tests"
+    out = CliRunner().invoke(main, ["export", session, "--pytest", str(typo), "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()
+
 
 def test_export_refuses_a_key_left_in_the_session(tooltap, upstream, tmp_path):
     upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "message": {

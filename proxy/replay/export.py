@@ -44,8 +44,10 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
         raise ExportError(f"refusing to export session {recording.session_id}: {len(found)} key-like "
                           f"string(s) left in it: {shown}. Nothing was written.")
+    if not directory.resolve().parent.is_dir():  # a mistyped path is said, not made (as --har does)
+        raise ExportError(f"cannot write into {directory}: the folder {directory.resolve().parent} does not exist")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
         written = [directory / cassette_name, directory / module_name]
         written[0].write_text(cassette_text, encoding="utf-8")
         written[1].write_text(module_text, encoding="utf-8")

@@ -115,6 +115,8 @@ def _secret_names(ctx, param, values):
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds to wait for each upstream read; slow models think before they speak.")
+@click.option("--connect-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds to wait for a connection to the upstream, TLS handshake included.")
 @click.option("--spool", "spool_path", envvar="TOOLTAP_SPOOL", default=None,
               help="File where turns wait while the database is down (default: beside the SQLite file).")
 @click.option("--log-level", default="info", show_default=True,
@@ -145,8 +147,8 @@ def _secret_names(ctx, param, values):
               help="Add X-Tooltap-Turn: UID to every forwarded response; GET /_tooltap/api/turns/uid/UID?wait=5 "
                    "then gives that turn (a test finds its own turn without polling). Env: TOOLTAP_TURN_HEADER=1.")
 @otlp_options  # listed last in --help
-def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui_token, secret_headers,
-          shutdown_grace, max_connections, mcp_servers, workers, writers, turn_header) -> None:
+def serve(upstreams, db_url, host, port, read_timeout, connect_timeout, spool_path, log_level, ui_token,
+          secret_headers, shutdown_grace, max_connections, mcp_servers, workers, writers, turn_header) -> None:
     """Forward agent traffic to the upstream and record every turn."""
     from .app import TooltapApp
     from .server import exit_now, serve as run_server
@@ -163,8 +165,8 @@ def serve(upstreams, db_url, host, port, read_timeout, spool_path, log_level, ui
     if log_level != "debug":  # alembic says which SQL dialect it found at every start
         logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
-                        spool_path=spool_path, ui_token=ui_token or None, mcp_servers=mcp_servers,
-                        turn_header=turn_header, writers=writers)
+                        connect_timeout=connect_timeout, spool_path=spool_path, ui_token=ui_token or None,
+                        mcp_servers=mcp_servers, turn_header=turn_header, writers=writers)
     if worker is None and workers > 1:
         _serve_workers(settings, host, port, ui_token, db_url, workers)
     if worker:

@@ -40,6 +40,11 @@ class Upstream:
             raise ValueError(f"bad upstream URL {url!r}: the port is not a number from 1 to 65535") from None
         if parts.query or parts.fragment:
             raise ValueError(f"bad upstream URL {url!r}: no query string or fragment")
+        if parts.username or parts.password:
+            # Never sent (the agent's own headers go upstream), and it would be printed in clear.
+            shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+            raise ValueError(f"the upstream URL holds a user name or password: give {shown} and let the agent "
+                             "send its key, which tooltap forwards")
         return cls(name=name, url=url.strip().rstrip("/"))
 
 

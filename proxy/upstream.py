@@ -370,8 +370,12 @@ class Client:
                 _, conn = await loop.create_connection(
                     lambda: _Connection(self, origin), origin.host, origin.port,
                     ssl=tls, server_hostname=origin.host if tls else None)
+        except TimeoutError as exc:  # its text is empty: say what did not finish in time
+            step = "connection and TLS handshake" if tls else "connection"
+            raise ConnectError(f"cannot connect to {origin.host}:{origin.port}: no {step} within "
+                               f"{self.connect_timeout:g} s") from exc
         except (OSError, ssl.SSLError) as exc:
-            raise ConnectError(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
+            raise ConnectError(f"cannot connect to {origin.host}:{origin.port}: {exc or type(exc).__name__}") from exc
         self._all.add(conn)
         return conn
 

@@ -104,6 +104,8 @@ def test_postgres_without_its_driver_says_what_to_install(tmp_path):
     (["--upstream", "http://127.0.0.1:9", "--read-timeout", "-5"], "--read-timeout"),
     (["--upstream", "http://127.0.0.1:9", "--spool", "/nonexistent/dir/spool.jsonl"], "does not exist"),
     (["--upstream", "http://127.0.0.1:9", "--otlp-endpoint", "nope"], "bad OTLP endpoint 'nope'"),
+    (["--upstream", "http://bob:hunter2@127.0.0.1:9/v1"], "give http://127.0.0.1:9/v1 and let the agent"),
+    (["--upstream", "http://127.0.0.1:9", "--connect-timeout", "0"], "--connect-timeout"),
     (["--upstream", "http://127.0.0.1:9", "--otlp-endpoint", "http://h:x/"], "bad OTLP endpoint"),
 ])
 def test_serve_validates_its_options_at_start(tmp_path, args, needle):

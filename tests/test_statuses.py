@@ -168,6 +168,20 @@ def test_unreachable_upstream_is_a_502_naming_the_cause(make_tooltap):
     assert turn["request"] == REQ
 
 
+def test_an_upstream_that_never_finishes_its_tls_handshake_is_named(make_tooltap):
+    """A connect or handshake timeout has no text of its own: the 502 says what ran out."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # the kernel accepts; nothing ever answers the TLS hello
+        port = listener.getsockname()[1]
+        tt = make_tooltap(f"https://127.0.0.1:{port}", connect_timeout=0.5)
+        r = httpx.post(f"{tt.url}/chat/completions", json=REQ, timeout=10)
+    assert r.status_code == 502
+    assert r.json()["error"]["message"].endswith(
+        f"cannot connect to 127.0.0.1:{port}: no connection and TLS handshake within 0.5 s")
+    assert only_turn(tt)["error"].endswith("within 0.5 s")
+
+
 def test_silent_upstream_times_out_as_proxy_error(make_tooltap, upstream):
     """An upstream that accepts the request but never answers: the agent gets a 502 once
     the read timeout passes, and the turn is recorded."""

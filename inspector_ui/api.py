@@ -36,7 +36,8 @@ def _reader(request: Request):
 
 @router.get("/sessions")
 def sessions(request: Request, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)):
-    _id_sized("offset", offset)
+    if offset > MAX_ID:  # SQL cannot bind more
+        raise HTTPException(400, f"offset={offset}: an offset is how many sessions to skip, 0 to 2^63-1")
     return {"sessions": _reader(request).sessions(limit=limit, offset=offset)}
 
 

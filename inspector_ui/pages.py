@@ -13,7 +13,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from proxy.store.read import known_id
+from proxy.store.read import MAX_ID, known_id
 
 from . import replays, transcript
 from .api import writer_health
@@ -139,6 +139,21 @@ def request_body(request: Request, turn_id: int):
                     headers={"content-disposition": f'attachment; filename="{request_file_name(t)}"'})
 
 
+@router.get("/turns/{turn_id}/calls/{index}/result")
+def call_result(request: Request, turn_id: int, index: int):
+    """The whole result of one of the turn's tool calls, as text: where its card, which shows
+    the start, links to. (It came in the next turn's request; this is exactly its text.)"""
+    text = transcript.call_result(_reader(request), turn_id, index) \
+        if known_id(turn_id) and 0 <= index <= MAX_ID else None
+    if text is None:
+        raise HTTPException(404, f"no result for call {index} of turn {turn_id}")
+    # Shown as plain text (nosniff, every response): captured HTML stays text. A lone surrogate
+    # is written as its escape, as json_bytes does.
+    name = f"tooltap-turn-{turn_id}-call-{index}-result.txt"
+    return Response(text.encode("utf-8", "backslashreplace"), media_type="text/plain; charset=utf-8",
+                    headers={"content-disposition": f'inline; filename="{name}"'})
+
+
 # -- fragments for live updates: the same templates, fetched by static/live.js ---------------
 
 @router.get("/fragments/session-row/{session_id:path}")
@@ -147,6 +162,15 @@ def session_row(request: Request, session_id: str):
     if s is None:
         raise HTTPException(404, f"no session {session_id}")
     return templates.TemplateResponse(request, "_session_row.html", {"s": s, "matched": None})
+
+
+@router.get("/fragments/session-head/{session_id:path}")
+def session_head(request: Request, session_id: str):
+    """The session page's header (totals, times, chart), fetched again on each stored turn."""
+    s = transcript.session_head(_reader(request), session_id)
+    if s is None:
+        raise HTTPException(404, f"no session {session_id}")
+    return templates.TemplateResponse(request, "_session_head.html", {"s": s})
 
 
 @router.get("/fragments/session-turns/{session_id:path}")

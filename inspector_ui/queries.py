@@ -141,9 +141,13 @@ class Queries:
             rows = rows[:limit]
             nxt = encode_cursor(rows[-1].last_at, rows[-1].id) if more and rows else None
             last = self._last_status(db, [s.id for s in rows])
-            note = None
+            notes = []
             if f.status and f.status not in STATUS_FILTERS:
-                note = f"no status {f.status!r} (not applied): use {', '.join(STATUS_FILTERS)}"
+                notes.append(f"no status {f.status!r} (not applied): use {', '.join(STATUS_FILTERS)}")
+            for name, value in (("since", f.since), ("until", f.until)):
+                if value and _day(value) is None:  # _conditions leaves it out
+                    notes.append(f"no date {name}={value!r} (not applied): use YYYY-MM-DD, such as 2026-01-31")
+            note = "; ".join(notes) or None
             return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, note, matched)
 
     def page_statement(self, f: Filters, cursor: str | None, limit: int, found=None):

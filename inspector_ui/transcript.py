@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 import orjson
-from sqlalchemy import Text, cast
+from sqlalchemy import Text, cast, func
 from sqlalchemy.orm import defer
 from sqlmodel import Session as DB, select
 
@@ -23,7 +23,8 @@ from proxy import apis
 from proxy.agents import transcript
 from proxy.store import content
 from proxy.store.models import Blob, ChainNode, ToolCallRow, Turn
-from proxy.store.read import CHAIN_QUERY, Reader, rounded_ms, session_json, tool_call_json, turn_summary
+from proxy.store.read import (CHAIN_QUERY, Reader, rounded_ms, session_json, text_calls_json, tool_call_json,
+                              turn_summary)
 
 from .mcp_pages import marks as mcp_marks, turn_links as mcp_links
 
@@ -46,10 +47,7 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
         if s is None:
             return None
         # Every turn in a few columns (the chart, the branches); whole rows only for the window.
-        # usage as text, read with orjson: the JSON type's json.loads per row was a tenth of the page
-        points = db.exec(select(Turn.id, Turn.parent_id, cast(Turn.usage, Text).label("usage"), Turn.ttft_ms,
-                                Turn.duration_ms)
-                         .where(Turn.session_id == session_id).order_by(Turn.id)).all()
+        points = _points(db, session_id)
         ids = [p.id for p in points]
         numbers = _places(ids)
         start = bisect.bisect_right(ids, after) if after is not None else 0
@@ -82,7 +80,28 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
             views.append(v)
         return {**session_json(s), "turn_views": views, "first_shown": start + 1,
                 "next_after": shown[-1] if start + limit < len(ids) else None,
-                "chart": chart([_point(p, numbers[p.id]) for p in points])}
+                "chart": _chart(points)}
+
+
+def session_head(reader: Reader, session_id: str) -> dict | None:
+    """What the session page's header shows (its totals and chart) without a window of
+    cards: for live updates, on each stored turn."""
+    from proxy.store.models import Session
+
+    with DB(reader.engine) as db:
+        s = db.get(Session, session_id)
+        return None if s is None else {**session_json(s), "chart": _chart(_points(db, session_id))}
+
+
+def _points(db: DB, session_id: str) -> list:
+    """Each turn of the session in the few columns the chart and the branches need, in order.
+    usage as text, read with orjson: the JSON type's json.loads per row was a tenth of the page."""
+    return db.exec(select(Turn.id, Turn.parent_id, cast(Turn.usage, Text).label("usage"), Turn.ttft_ms,
+                          Turn.duration_ms).where(Turn.session_id == session_id).order_by(Turn.id)).all()
+
+
+def _chart(points: list) -> dict | None:
+    return chart([_point(p, n) for n, p in enumerate(points, 1)])
 
 
 # What a card never shows, left in the database: the stream's bytes and timing, and the
@@ -144,6 +163,24 @@ def one_turn_view(reader: Reader, turn_id: int) -> dict | None:
         _number(v, t, numbers, list(siblings))
         v["no_sequel"] = t.id != max(numbers) and db.exec(select(Turn.id).where(Turn.parent_id == t.id)).first() is None
         return v
+
+
+def call_result(reader: Reader, turn_id: int, index: int) -> str | None:
+    """The whole text of the result paired with call `index` of a turn (its card shows the
+    first CLIP characters); None when there is no such call or no result."""
+    with DB(reader.engine) as db:
+        row = db.exec(select(ToolCallRow.index, ToolCallRow.result)
+                      .where(ToolCallRow.turn_id == turn_id, ToolCallRow.index == index)).first()
+        if row is not None:
+            result = row.result
+        else:  # a call parsed from the text: numbered after the native ones (text_calls_json)
+            native = db.exec(select(func.count()).select_from(ToolCallRow)
+                             .where(ToolCallRow.turn_id == turn_id)).one()
+            decoding = db.exec(select(Turn.decoding).where(Turn.id == turn_id)).first()
+            found = [c for c in text_calls_json(decoding, native) if c["index"] == index]
+            result = found[0]["result"] if found else None
+    text = result.get("text") if isinstance(result, dict) else None
+    return text if isinstance(text, str) else None
 
 
 def turn_numbers(reader: Reader, session_id: str) -> dict[int, int]:

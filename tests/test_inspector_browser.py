@@ -274,3 +274,31 @@ def test_a_long_session_arrives_window_by_window(tooltap, upstream, page):
     html = httpx.get(f"{tooltap.url}/_tooltap/sessions/{s['id']}?after={ids[k - 1]}").text
     assert f'id="turn-{ids[k]}"' in html and f'id="turn-{ids[k - 1]}"' not in html
     assert f"From turn {k + 1} of {total}" in html
+
+
+def test_the_session_header_follows_new_turns_live(tooltap, upstream, page):
+    """Turn count, tokens, the time range and the chart follow each stored turn of the
+    session, as its cards do, without a reload."""
+    upstream.routes["/chat/completions"] = [
+        Reply.sse(chat_sse("m", words(f"step {n} done"), usage={
+            "prompt_tokens": 1000 * n, "completion_tokens": 10 * n, "total_tokens": 1010 * n})) for n in (1, 2, 3)]
+    messages = [{"role": "user", "content": "count with me"}]
+    send(tooltap.url, {"model": "m", "stream": True, "messages": messages})
+    sid = tooltap.api("/sessions")["sessions"][0]["id"]
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{sid}")
+    wait_live(page)
+    head = page.locator("section.session-head")
+    assert "1 turn" in head.inner_text() and "1,000 in / 10 out tokens" in head.inner_text()
+    started, last = (head.locator("time").nth(i).get_attribute("datetime") for i in (0, 1))
+    page.evaluate("window.__not_reloaded = true")
+    for n in (2, 3):
+        messages = messages + [{"role": "assistant", "content": f"step {n - 1} done"},
+                               {"role": "user", "content": f"step {n}"}]
+        assert send(tooltap.url, {"model": "m", "stream": True, "messages": messages}).status_code == 200
+    expect(page.locator("article.turn")).to_have_count(3)
+    expect(head).to_contain_text("3 turns")
+    expect(head).to_contain_text("6,000 in / 60 out tokens")  # 1,000 + 2,000 + 3,000 in
+    expect(head.locator("rect.bar-in")).to_have_count(3)  # the chart too
+    assert head.locator("time").nth(0).get_attribute("datetime") == started
+    assert head.locator("time").nth(1).get_attribute("datetime") > last
+    assert page.evaluate("window.__not_reloaded")

@@ -458,3 +458,63 @@ def test_the_filter_choices_refresh_without_holding_a_page(many, monkeypatch):
     while q.facets()["models"] != ["m-old", "m-new"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert q.facets()["models"] == ["m-old", "m-new"]
+
+
+def test_a_cut_off_tool_result_and_arguments_link_to_the_whole(tooltap, upstream):
+    """A card shows the start of a long result (it came in the next turn's request) and of
+    long arguments, each with a link to the whole of it."""
+    result = "".join(f"line {i}: {'r' * 70}\n" for i in range(50_000)) + "the end of the result <b>"
+    path = "p" * 70_000 + "/end-of-the-path"
+    args = json.dumps({"path": path})
+    call = {"id": "call_big", "type": "function", "function": {"name": "read_file", "arguments": args}}
+    upstream.routes["/chat/completions"] = [
+        Reply.json({"id": "c1", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+            {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "tool_calls": [call]}}]}),
+        Reply.json({"id": "c2", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "read it"}}]})]
+    first = [{"role": "user", "content": "read the big file"}]
+    second = first + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "call_big", "content": result}]
+    for messages in (first, second):
+        httpx.post(tooltap.url + "/chat/completions", json={"model": "m", "messages": messages},
+                   timeout=30).raise_for_status()
+        tooltap.flush()
+    turn = min(t["id"] for t in tooltap.api("/turns")["turns"])
+    session = tooltap.api(f"/turns/{turn}")["session_id"]
+    link = f'href="/_tooltap/turns/{turn}/calls/0/result"'
+    for page in (f"/_tooltap/sessions/{session}", f"/_tooltap/turns/{turn}"):
+        html = get(tooltap, page).text
+        card = html.split('data-testid="tool-call"')[1]
+        shown = card.split('class="result-text">')[1].split("</pre>")[0]
+        assert "more characters not shown" in shown and link in shown, page
+        shown = card.split('data-testid="arguments">')[1].split("</pre>")[0]
+        assert f'href="/_tooltap/turns/{turn}/download"' in shown, page
+    whole = get(tooltap, f"/_tooltap/turns/{turn}/calls/0/result")
+    assert whole.status_code == 200 and whole.headers["content-type"] == "text/plain; charset=utf-8"
+    assert whole.text == result  # exactly the result, its end included, as text
+    download = get(tooltap, f"/_tooltap/turns/{turn}/download").json()
+    assert download["tool_calls"][0]["arguments"]["path"].endswith("/end-of-the-path")
+    for index in (1, -1, 2**64):
+        assert get(tooltap, f"/_tooltap/turns/{turn}/calls/{index}/result").status_code == 404, index
+    assert get(tooltap, f"/_tooltap/turns/{2**64}/calls/0/result").status_code == 404
+
+
+def test_a_date_that_does_not_parse_is_named_and_not_applied(tooltap, upstream):
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": []})
+    httpx.post(tooltap.url + "/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    sid = tooltap.api("/sessions")["sessions"][0]["id"]
+    html = get(tooltap, "/_tooltap/", params={"since": "abc"}).text
+    assert "no date since=&#39;abc&#39; (not applied): use YYYY-MM-DD" in html and f'data-session="{sid}"' in html
+    r = get(tooltap, "/_tooltap/api/search", params={"until": "2026-13-45", "status": "bogus"}).json()
+    assert [s["id"] for s in r["sessions"]] == [sid]
+    assert r["note"].startswith("no status 'bogus' (not applied)")
+    assert "; no date until='2026-13-45' (not applied): use YYYY-MM-DD" in r["note"]
+    r = get(tooltap, "/_tooltap/api/search", params={"since": "2000-01-01", "until": "2000-01-02"}).json()
+    assert r["sessions"] == [] and r["note"] is None  # dates that parse: applied, nothing said
+
+
+def test_an_offset_too_large_says_what_an_offset_may_be(tooltap):
+    r = get(tooltap, "/_tooltap/api/sessions", params={"offset": 10**20})
+    assert r.status_code == 400
+    assert r.json()["detail"] == f"offset={10**20}: an offset is how many sessions to skip, 0 to 2^63-1"
+    assert get(tooltap, "/_tooltap/api/sessions", params={"offset": 2**63 - 1}).json() == {"sessions": []}

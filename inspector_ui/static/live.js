@@ -1,9 +1,9 @@
 // Live updates over server-sent events (/_tooltap/api/live).
 //
 // Streaming turns are drawn with createElement/textContent only. When a turn is stored,
-// its row or card is fetched from the server, rendered by the same autoescaped templates
-// as a full page load, and parsed with DOMParser (which never runs scripts; the page's
-// Content-Security-Policy forbids inline script anyway).
+// its row or card (and the session page's header) is fetched from the server, rendered by
+// the same autoescaped templates as a full page load, and parsed with DOMParser (which
+// never runs scripts; the page's Content-Security-Policy forbids inline script anyway).
 "use strict";
 
 (function () {
@@ -20,9 +20,11 @@
     return e;
   }
 
-  function parse(html, wrap) {
-    const doc = new DOMParser().parseFromString(wrap ? "<table><tbody>" + html + "</tbody></table>" : html, "text/html");
-    const found = doc.body.querySelector(wrap ? "tr" : "article");
+  // The first element of the fragment that `selector` finds (a row parses only in a table).
+  function parse(html, selector) {
+    if (selector === "tr") html = "<table><tbody>" + html + "</tbody></table>";
+    const doc = new DOMParser().parseFromString(html, "text/html");
+    const found = doc.body.querySelector(selector);
     return found ? document.adoptNode(found) : null;
   }
 
@@ -87,7 +89,7 @@
     // A filtered or older page would be wrong to reorder: only say there is news.
     if (window.location.search && !existing) return notice();
     const html = await fetchText("/_tooltap/fragments/session-row/" + encodeURIComponent(ev.session_id));
-    const row = html && parse(html, true);
+    const row = html && parse(html, "tr");
     if (!row) return;
     row.classList.add("fresh");
     if (existing) existing.remove();
@@ -105,8 +107,15 @@
   }
 
   async function storedOnSession(ev) {
-    const html = await fetchText("/_tooltap/fragments/turn/" + encodeURIComponent(ev.turn_id));
-    const card = html && parse(html, false);
+    const [html, headHtml] = await Promise.all([
+      fetchText("/_tooltap/fragments/turn/" + encodeURIComponent(ev.turn_id)),
+      // The header's totals, times and chart, as they stand with this turn.
+      fetchText("/_tooltap/fragments/session-head/" + encodeURIComponent(ev.session_id)),
+    ]);
+    const head = headHtml && parse(headHtml, "section");
+    const oldHead = document.getElementById("session-head");
+    if (head && oldHead) oldHead.replaceWith(head);
+    const card = html && parse(html, "article");
     if (!card) return;
     card.classList.add("fresh");
     const existing = document.getElementById("turn-" + ev.turn_id);

@@ -4,6 +4,7 @@ text is never marked safe."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -31,6 +32,8 @@ _env.filters["pretty"] = transcript.pretty
 _env.filters["clip"] = clip
 _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")
 _env.globals["urlencode"] = urlencode
+# A date input given a value it cannot hold warns in the browser's console; the page says it.
+_env.filters["as_date"] = lambda v: v if re.fullmatch(r"\d{4}-\d{2}-\d{2}", v or "") else ""
 
 
 def when(value) -> Markup | str:

@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 import re
+import signal
 from pathlib import Path
 
 import click
@@ -47,7 +48,10 @@ def _said_in_one_line():
         raise UsageProblem(f"{exc.format_message()} (see '{where} --help')") from exc
     except KeyboardInterrupt:
         # click would print a blank line and "Aborted!", exit 1: for replay, the code of a
-        # turn that differs. 130 is what shells report for Ctrl-C.
+        # turn that differs. 130 is what shells report for Ctrl-C. A second Ctrl-C while
+        # this is said would be a traceback.
+        with contextlib.suppress(ValueError):  # (only the main thread may set it)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         click.echo("Interrupted (Ctrl-C): stopped before it finished; what it had already stored is kept.",
                    err=True)
         raise click.exceptions.Exit(130) from None

@@ -186,6 +186,10 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path):
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.05)
     try:  # held open, never written: the import waits for its bytes
+        # Once it is blocked in its read: a signal that lands between the open and the read is
+        # only seen by Python after the read returns (CPython checks for signals between
+        # bytecodes and when a system call is interrupted), which here would be never.
+        time.sleep(0.5)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     finally:

@@ -58,7 +58,7 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
 
 def pytest_module(recording, cassette_name: str) -> str:
     turns = []
-    places = recording.places()
+    places = recording.places
     for turn in recording.turns:
         calls = "".join(
             f"        Call(\n            tool={literal(c.tool)},\n            name={literal(c.name)},\n"

@@ -87,7 +87,7 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
         "url": target.base, "model": model, "to": to_api, "repeat": repeat, "order": rules.order,
         "args": rules.args, "per_tool": dict(rules.per_tool), "ignore": list(rules.ignore)})
     uids = _known_uids(recording)
-    places = recording.places()
+    places = recording.places
     seen_losses: set[str] = set()
     with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
         for turn in recording.turns:

@@ -190,7 +190,7 @@ def compare_turns(recording: Recording, replayed: list[tuple[str, RecordedTurn]]
     rec_pos = {t.id: n for n, t in enumerate(recording.turns)}
     rep_pos = {t.id: n for n, (_, t) in enumerate(replayed)}
     first_session = replayed[0][0] if replayed else None
-    places = recording.places()
+    places = recording.places
     verdicts = []
     for n, rec in enumerate(recording.turns):
         verdict = TurnVerdict(turn_id=rec.id, ok=True, recorded_calls=[_call_dict(c) for c in rec.calls],
@@ -330,4 +330,4 @@ def _parent_words(recording: Recording, pos: int | None) -> str:
     if pos >= len(recording.turns):
         return "as a child of a turn that was not recorded"
     parent = recording.turns[pos].id
-    return f"as a child of {turn_name(recording.places()[parent], parent)}"
+    return f"as a child of {turn_name(recording.places[parent], parent)}"

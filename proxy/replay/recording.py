@@ -4,6 +4,7 @@ Reading the store happens here, once; everything downstream works on `Recording`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -97,6 +98,7 @@ class Recording:
     def turn(self, turn_id: int) -> RecordedTurn | None:
         return next((t for t in self.turns if t.id == turn_id), None)
 
+    @functools.cached_property  # asked for each turn named
     def places(self) -> dict[int, int]:
         """Turn id -> its place in the session (1 for the first), by id as the inspector
         numbers them: what a person calls the turn; the id is for URLs and the API."""

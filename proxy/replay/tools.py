@@ -221,7 +221,7 @@ class ConverterReplay:
         seen_lost: dict[str, set] = {t.key: set() for t in self.targets}
         seen_names: dict[str, set] = {t.key: set() for t in self.targets}
         tool_names: set[str] = set()
-        places = recording.places()
+        places = recording.places
         for turn in recording.turns:
             report.calls += len(turn.calls)
             tools_doc = _offered(turn.api, turn.request)

@@ -268,7 +268,7 @@ def test_replay_from_the_session_page_shows_both_columns(tooltap, upstream, page
         assert bad.count() == 1 and bad.locator("th").inner_text() == "line" and bad.locator("td").inner_text() == line
         text_ = side.inner_text()
         assert XSS_SCRIPT in text_ and XSS_IMG in text_  # captured markup, shown as text
-    assert page.locator("[data-testid=replay-turn]").nth(1).locator(".verdict").inner_text() == "ok"
+    assert page.locator("[data-testid=replay-turn]").nth(1).locator(".verdict").inner_text() == "identical"
     assert page.locator("main script").count() == 0 and page.locator("main img").count() == 0
     assert page.evaluate("window.__xss") is None and page.dialogs == []
     SHOT.parent.mkdir(parents=True, exist_ok=True)

@@ -40,12 +40,21 @@ def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> s
     body = turn.get("request")
     if body is not None:
         text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-        # A page cannot carry a long body, nor a shell argument a binary one: use a file.
-        if len(text) > body_limit or turn.get("request_encoding") == "base64":
+        if _needs_file(turn, text, body_limit):
             lines.append(f"--data-binary @{request_file_name(turn)}")
         else:
             lines.append(f"--data-binary {shlex.quote(text)}")  # quoted whole: nothing in it runs
     return " \\\n  ".join(lines)
+
+
+def _needs_file(turn: dict[str, Any], text: str, body_limit: int) -> bool:
+    """Whether the body must go in a file (the turn's /request download) to reach curl as sent:
+    a page cannot carry a long body, nor a shell argument a binary one; a browser reads CR in
+    a page as LF and drops NUL, no shell argument holds a NUL, and curl reads an argument
+    starting with `@` as a file name (it would send that file instead)."""
+    if len(text) > body_limit or turn.get("request_encoding") == "base64":
+        return True
+    return text.startswith("@") or "\r" in text or "\0" in text
 
 
 def request_file_name(turn: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import sqlite3
@@ -232,7 +233,10 @@ def test_database_unreachable_spools_and_a_later_run_stores_it(tmp_path):
     d.send(data)
     assert d.finish() == 0
     assert bytes(d.out) == data  # the conversation never noticed
-    assert "database unavailable" in d.err.decode() and d.err.decode().count("\n") == 1
+    # Said when a write first fails (unless that is at the exit), and at the exit: where the messages wait.
+    said = d.err.decode().splitlines()
+    assert 1 <= len(said) <= 2 and all(line.startswith("tooltap mcp: database unavailable") for line in said)
+    assert f"wait in {spool}" in said[-1]
     files = list(spool.iterdir())
     assert len(files) == 1 and files[0].read_text().count('"op": "msg"') == 4
 
@@ -273,6 +277,73 @@ def test_a_locked_database_never_slows_the_relay(tmp_path):
         stored = recorded(db, "locked")
     assert len(stored) == 40
     assert [m["jsonrpc_id"] for m in stored if m["direction"] == "to_server"] == list(range(20))
+
+
+def _stderr_says(d: Driven, text: bytes, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in d.err:
+        assert time.monotonic() < deadline, f"stderr never said {text!r}: {bytes(d.err)[-1000:]!r}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("ending", ["agent closes stdin", "server exits after a failed write"])
+def test_a_locked_database_does_not_hold_the_exit_up(tmp_path, ending):
+    """The agent waits on the wrapper's exit. With SQLite locked by another program all
+    along, the wrapper ends within a moment of its server (whether the lock holds up a
+    write at that moment or already kept one out), leaving what the lock kept out in the
+    spool; the next wrapper stores all of it once the lock is gone."""
+    path = tmp_path / "tooltap.db"
+    db = f"sqlite:///{path}"
+    spool = tmp_path / "tooltap.db.mcp-spool"
+    stamp = tmp_path / "server-exit"
+    # The server's exit time, taken by the shell that runs it (`date`: a millisecond, not a Python start).
+    server = ["sh", "-c", f'"$@"; code=$?; date +%s.%N > {shlex.quote(str(stamp))}; exit $code', "sh", *WEATHER]
+    Driven(wrapped(db, *CAT, name="warmup")).finish()  # create and migrate
+    lock = sqlite3.connect(path, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        d = Driven(wrapped(db, *server))
+        d.send(jsonrpc(INITIALIZE))
+        d.wait_for(1)
+        d.send(jsonrpc(INITIALIZED) + jsonrpc({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        d.wait_for(2)
+        d.send(jsonrpc({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                        "params": {"name": "get_forecast", "arguments": WASHINGTON}}))
+        d.wait_for(3)
+        if ending == "agent closes stdin":  # early: the recorder's first write is still waiting on the lock
+            d.proc.stdin.close()
+        else:  # once a write gave up on the lock; the agent's side stays open
+            _stderr_says(d, b"recording to")
+            d.send(jsonrpc({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                            "params": {"name": "crash", "arguments": {}}}))
+        code = d.proc.wait(30)
+        exited = time.time()
+        d.finish()
+        assert exited - float(stamp.read_text()) < 1.0  # was 2 to 4.5 s: busy waits after the server was gone
+        assert not recorded(db, "weather")  # read through the lock (WAL): nothing stored yet
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+
+    assert code == (0 if ending == "agent closes stdin" else 3)
+    out = bytes(d.out)
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [1, 2, 3]  # the server's answers, nothing of ours
+    err = d.err.decode()
+    assert f"wait in {spool}" in err.splitlines()[-1]  # said at the end, on stderr
+    assert list(spool.iterdir())  # kept, not lost
+
+    assert Driven(wrapped(db, *CAT, name="drain")).finish() == 0  # the next wrapper stores what waited
+    assert not list(spool.iterdir())
+    msgs = recorded(db, "weather")
+    expected = [("to_server", "initialize"), ("from_server", "initialize"),
+                ("to_server", "notifications/initialized"), ("to_server", "tools/list"),
+                ("from_server", "tools/list"), ("to_server", "tools/call"), ("from_server", "tools/call")]
+    if ending != "agent closes stdin":
+        expected.append(("to_server", "tools/call"))  # the crash: no answer
+    assert [(m["direction"], m["method"]) for m in msgs] == expected
+    assert "".join(m["raw"] + "\n" for m in msgs if m["direction"] == "from_server").encode() == out
+    (conn,) = with_db(db, lambda db_: read.connections(db_, "weather"))
+    assert conn["exit_code"] == code
 
 
 def test_two_wrappers_share_one_database(tmp_path):

@@ -8,6 +8,10 @@ refuses for good is set aside in `<spool file>.failed`. Several recorders (wrapp
 servers, `tooltap serve`) share one database: every write is an insert that ignores what
 is already there, or an upsert.
 
+A write waits up to `busy_timeout` for a locked SQLite file, in short steps, so that
+`close()` can cut the wait short: the agent waits on the wrapper's exit, and what a lock
+keeps out at the end stays in the spool for the next recorder on the database.
+
 A stdio server's name comes from `--name`, else from the `serverInfo.name` of its answer
 to `initialize`: a connection's first messages wait here (a few seconds at most) until
 that answer names them.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import queue
 import sys
@@ -40,6 +45,8 @@ log = logging.getLogger("tooltap.mcp")
 BATCH_SECONDS = 0.1
 BATCH_MAX = 500
 RETRY_SECONDS = 2.0
+LOCK_STEP_SECONDS = 0.05  # SQLite's own busy wait per attempt; the recorder retries up to busy_timeout
+CLOSE_WAIT_SECONDS = 0.2  # after close(), how long a lock may still hold a write up (a writer's batch)
 NAME_WAIT_SECONDS = 30.0  # how long a connection's messages wait for `initialize` to name it (npx servers, a busy machine: starts can be slow)
 NAME_WAIT_MAX = 1000
 # The database cannot be used for now: spool and retry. (ProgrammingError: a table
@@ -77,6 +84,7 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._engine = None
         self._retry_after = 0.0
+        self._give_up_at: float | None = None  # set by close(): lock waits end then
         self._inflight: list[dict] = []
         self._state = _State()
         self._warned = False
@@ -104,9 +112,12 @@ class Recorder:
         done.wait(timeout)
 
     def close(self, timeout: float = 3.0) -> None:
-        """Store what is left; what the database does not take within `timeout` is spooled."""
+        """Store what is left; what the database does not take within `timeout` is spooled,
+        and so is what a lock keeps out `CLOSE_WAIT_SECONDS` from now (the agent waits on us)."""
         if self._thread is None:
             return
+        # A database that already kept this run out is not waited for again.
+        self._give_up_at = time.monotonic() + (0.0 if self.problem else CLOSE_WAIT_SECONDS)
         self._queue.put(_STOP)
         self._thread.join(timeout)
         if self._thread.is_alive():  # stuck on the database: spool the rest from here
@@ -126,6 +137,9 @@ class Recorder:
         self._thread = None
         if self._engine is not None:
             self._engine.dispose()
+        if self.spool.pending():
+            _say(f"tooltap mcp: database unavailable ({self.problem or 'at exit'}); the messages it did not take "
+                 f"wait in {self.spool.folder}, for the next `tooltap mcp` or `tooltap serve --mcp` on it to store")
 
     # -- the recorder thread ----------------------------------------------------------------
 
@@ -206,9 +220,19 @@ class Recorder:
         return []
 
     def _commit(self, ops: list[dict]) -> None:
-        engine = self._ready()
-        with engine.begin() as db:
-            write_ops(db, engine.dialect.name, ops)
+        """One transaction; a locked database is retried in short steps, until
+        `busy_timeout` has passed or close() says to stop waiting."""
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                engine = self._ready()
+                with engine.begin() as db:
+                    write_ops(db, engine.dialect.name, ops)
+                return
+            except OperationalError as exc:
+                if not _locked(exc) or time.monotonic() >= min(deadline, self._give_up_at or math.inf):
+                    raise
+            time.sleep(0.005)  # some lock errors come back at once (a stale WAL snapshot): never spin
 
     def _ready(self):
         if self._engine is None:
@@ -218,7 +242,7 @@ class Recorder:
             path = sqlite_path(self.db_url)
             if path is not None and path.parent.is_dir():
                 create_private(str(path))  # owner-only, as `serve` makes it: tool traffic is as private as prompts
-            engine = make_engine(self.db_url, busy_timeout=self.busy_timeout)
+            engine = make_engine(self.db_url, busy_timeout=min(LOCK_STEP_SECONDS, self.busy_timeout))
             try:
                 migrate(engine)
             except Exception:
@@ -235,7 +259,8 @@ class Recorder:
         if self._engine is not None and isinstance(exc, ProgrammingError):
             self._engine.dispose()
             self._engine = None  # migrate again next time
-        if not self._warned:  # once: this goes to the agent's log of the server's stderr
+        # Once (it lands in the agent's log of the server's stderr); a failure at close, close() reports.
+        if not self._warned and self._give_up_at is None:
             self._warned = True
             _say(f"tooltap mcp: database unavailable ({self.problem}); recording to {self.spool.folder} "
                  "until it answers")
@@ -399,6 +424,11 @@ def write_ops(db, dialect: str, ops: list[dict]) -> None:
                 index_elements=["server", "tools_hash"],
                 set_={"last_seen": stmt.excluded.last_seen, "seen": sets.c.seen + 1}))
     flush_messages()
+
+
+def _locked(exc: OperationalError) -> bool:
+    """SQLite's busy error ("database is locked", "database table is locked")."""
+    return "is locked" in str(getattr(exc, "orig", exc))
 
 
 def _say(line: str) -> None:

@@ -78,7 +78,7 @@ def session_view(reader: Reader, session_id: str, after: int | None = None,
             _number(v, t, numbers, children[t.parent_id])
             v["no_sequel"] = t.id not in children and t.id != ids[-1]  # its tool results will never come
             views.append(v)
-        return {**session_json(s), "turn_views": views, "first_shown": start + 1,
+        return {**_header(s), "turn_views": views, "first_shown": start + 1,
                 "next_after": shown[-1] if start + limit < len(ids) else None,
                 "chart": _chart(points)}
 
@@ -90,7 +90,16 @@ def session_head(reader: Reader, session_id: str) -> dict | None:
 
     with DB(reader.engine) as db:
         s = db.get(Session, session_id)
-        return None if s is None else {**session_json(s), "chart": _chart(_points(db, session_id))}
+        return None if s is None else {**_header(s), "chart": _chart(_points(db, session_id))}
+
+
+def _header(s) -> dict:
+    """The session as its page's header and <title> show it, on a page load and on each
+    live update alike."""
+    out = session_json(s)
+    n = out["turns"]
+    out["page_title"] = f"{out['title'] or out['id']} · {n:,} turn{'' if n == 1 else 's'} · tooltap"
+    return out
 
 
 def _points(db: DB, session_id: str) -> list:

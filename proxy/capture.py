@@ -22,6 +22,7 @@ from typing import Any
 from . import apis
 from .live import GROW_SECONDS, LiveHub
 from .secrets import redact_headers
+from .store.sessions import session_key
 from .sse import SSEDecoder, data_only, named_events
 
 RAW_IN_MEMORY = 2 * 1024 * 1024
@@ -207,6 +208,10 @@ class StreamAssembly:
     def text(self) -> str:
         return self.api.text(self._assembler.result())
 
+    def model(self) -> str | None:
+        """The model the stream names so far (None until it does): the stored turn's `model`."""
+        return self.api.model({}, self._assembler.result())
+
     def finish(self, rec: "TurnRecord") -> None:
         """Close the stream and put the response (and any mid-stream error) on `rec`."""
         if self._sse is not None:
@@ -255,6 +260,7 @@ class Capture:
         self.api = api
         self.live = live
         self._last_live = 0.0
+        self._live_model: str | None = None
         self._t0 = time.perf_counter()
         self._raw = RawBuffer()
         self._raw_ok = True
@@ -277,9 +283,11 @@ class Capture:
             rec.live_id = self.live.new_id()
             if rec.stream and self.api is not None:
                 self._assembly = StreamAssembly(self.api, content_encoding)
+            # The session is known this early only when the client names it (the writer
+            # threads the others); the model comes with the stream (turn_growing).
             self.live.publish({"type": "turn_started", "live_id": rec.live_id, "path": rec.path,
                                "api": rec.api, "method": rec.method, "http_status": status,
-                               "stream": rec.stream})
+                               "stream": rec.stream, "session_id": session_key(rec.session_hint)})
 
     def feed(self, chunk: bytes) -> None:
         """Never raises: a capture that fails (a full disk) is flagged, the stream goes on."""
@@ -302,7 +310,9 @@ class Capture:
             now = time.perf_counter()
             if now - self._last_live >= GROW_SECONDS and self.live.watched:
                 self._last_live = now
-                self.live.publish({"type": "turn_growing", "live_id": rec.live_id,
+                if self._live_model is None:  # named once, in the stream's first events
+                    self._live_model = self._assembly.model()
+                self.live.publish({"type": "turn_growing", "live_id": rec.live_id, "model": self._live_model,
                                    "text": self._assembly.text(), "bytes": self._size})
 
     def answer_closed(self) -> bool:

@@ -4,6 +4,7 @@ cline-weather session, hostile captured text, live turns, search, the UI token."
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import httpx
@@ -273,7 +274,7 @@ def test_a_long_session_arrives_window_by_window(tooltap, upstream, page):
     k = PAGE_TURNS
     html = httpx.get(f"{tooltap.url}/_tooltap/sessions/{s['id']}?after={ids[k - 1]}").text
     assert f'id="turn-{ids[k]}"' in html and f'id="turn-{ids[k - 1]}"' not in html
-    assert f"From turn {k + 1} of {total}" in html
+    assert f"From turn {k + 1} of {total}" in re.sub(r"<[^>]+>", "", html)  # as the page reads
 
 
 def test_the_session_header_follows_new_turns_live(tooltap, upstream, page):
@@ -302,3 +303,119 @@ def test_the_session_header_follows_new_turns_live(tooltap, upstream, page):
     assert head.locator("time").nth(0).get_attribute("datetime") == started
     assert head.locator("time").nth(1).get_attribute("datetime") > last
     assert page.evaluate("window.__not_reloaded")
+
+
+# -- what a streaming turn says of itself, and a session page that follows its new turns -----
+
+def console_errors(page) -> list[str]:
+    """Errors the page's scripts log or throw from now on."""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return errors
+
+
+def send_in(url: str, body: dict, session: str | None = None) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    if session:
+        headers["x-tooltap-session"] = session
+    return httpx.post(url + "/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def test_a_streaming_turn_names_its_session_and_model_on_the_list(tooltap, upstream, page):
+    """Two turns stream at once: one of a session the client names (a row already on the
+    list: linked by its title), one the writer will thread (said to be known once stored).
+    The model is the one the stream names. Captured names are text, never markup."""
+    model = "slow-" + XSS_IMG
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("quick", words("hi")))
+    first = {"model": "quick", "stream": True, "messages": [{"role": "user", "content": "plan " + XSS_SCRIPT}]}
+    assert send_in(tooltap.url, first, session="team/alice").status_code == 200
+    tooltap.flush()
+    errors = console_errors(page)
+    page.goto(tooltap.url + "/_tooltap/")
+    wait_live(page)
+    upstream.routes["/chat/completions"] = Reply.sse(
+        chat_sse(model, [{"content": f"word{i} "} for i in range(12)]), delay=0.2)
+    second = {**first, "messages": first["messages"] + [
+        {"role": "assistant", "content": "hi"}, {"role": "user", "content": "go on"}]}
+    other = {"model": "slow", "stream": True, "messages": [{"role": "user", "content": "unthreaded yet"}]}
+    senders = [threading.Thread(target=send_in, args=(tooltap.url, second, "team/alice")),
+               threading.Thread(target=send_in, args=(tooltap.url, other))]
+    for s in senders:
+        s.start()
+    live = page.locator("[data-testid=live-turn]")
+    expect(live).to_have_count(2)
+    named = live.filter(has=page.locator("[data-testid=live-session] a"))
+    link = named.locator("[data-testid=live-session] a")
+    expect(link).to_have_text("plan " + XSS_SCRIPT)  # the row's title, as text
+    assert link.get_attribute("href") == "/_tooltap/sessions/team%2Falice"
+    unnamed = live.filter(has_not=page.locator("[data-testid=live-session] a"))
+    expect(unnamed.locator("[data-testid=live-session]")).to_have_text("session (known once stored)")
+    for box in (named, unnamed):
+        expect(box.locator("[data-testid=live-model]")).to_have_text(" · model " + model)
+        expect(box.locator(".live-text")).to_contain_text("word1")
+    assert "word11" not in named.locator(".live-text").inner_text()  # seen while still streaming
+    assert page.locator("main img").count() == 0 and page.evaluate("window.__xss") is None
+    for s in senders:
+        s.join()
+    expect(live).to_have_count(0)
+    assert errors == []
+    page.goto(tooltap.url + "/_tooltap/sessions/team%2Falice")  # where the link led
+    expect(page.locator("section.session-head")).to_contain_text("2 turns")
+
+
+def test_a_streaming_turn_of_the_open_session_says_so(tooltap, upstream, page):
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("hi")))
+    first = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "mine"}]}
+    assert send_in(tooltap.url, first, session="s-1").status_code == 200
+    tooltap.flush()
+    errors = console_errors(page)
+    page.goto(tooltap.url + "/_tooltap/sessions/s-1")
+    wait_live(page)
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m2", words("more words, slowly")), delay=0.2)
+    second = {**first, "messages": first["messages"] + [
+        {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]}
+    sender = threading.Thread(target=send_in, args=(tooltap.url, second, "s-1"))
+    sender.start()
+    box = page.locator("#in-flight [data-testid=live-turn]")
+    expect(box.locator("[data-testid=live-session]")).to_have_text("session this session")
+    expect(box.locator("[data-testid=live-model]")).to_have_text(" · model m2")
+    sender.join()
+    expect(page.locator("article.turn")).to_have_count(2)
+    assert errors == []
+
+
+def test_the_turns_window_and_title_follow_new_turns_live(tooltap, upstream, page):
+    """A page from the second turn on says "From turn 2 of N"; N, and the tab's title,
+    follow each stored turn of the session without a reload, as the header does."""
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("ok")))
+    messages = [{"role": "user", "content": "tally " + XSS_IMG}]
+
+    def one_more_turn() -> None:
+        nonlocal messages
+        assert send(tooltap.url, {"model": "m", "stream": True, "messages": messages}).status_code == 200
+        messages = messages + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+
+    for _ in range(2):
+        one_more_turn()
+    (s,) = tooltap.api("/sessions")["sessions"]
+    ids = [t["id"] for t in tooltap.api(f"/sessions/{s['id']}")["turns"]]
+    errors = console_errors(page)
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{s['id']}?after={ids[0]}")
+    wait_live(page)
+    window = page.locator("[data-testid=turns-from]")
+    expect(window).to_contain_text("From turn 2 of 2.")
+    expect(page).to_have_title(f"tally {XSS_IMG} · 2 turns · tooltap")
+    page.evaluate("window.__not_reloaded = true")
+    for _ in range(2):
+        one_more_turn()
+    expect(page.locator("article.turn")).to_have_count(3)  # turns 2 to 4
+    expect(window).to_contain_text("From turn 2 of 4.")
+    expect(page).to_have_title(f"tally {XSS_IMG} · 4 turns · tooltap")
+    assert page.evaluate("window.__not_reloaded")
+    # The page as loaded anew says the same.
+    page.reload()
+    expect(window).to_contain_text("From turn 2 of 4.")
+    expect(page).to_have_title(f"tally {XSS_IMG} · 4 turns · tooltap")
+    assert page.locator("main img").count() == 0 and page.evaluate("window.__xss") is None
+    assert errors == []

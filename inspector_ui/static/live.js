@@ -37,21 +37,53 @@
     box.dataset.liveId = ev.live_id;
     box.dataset.testid = "live-turn";
     const head = el("div", "live-head");
-    head.append(el("span", "pulse", "●"), el("b", null, " streaming "),
+    const model = el("span", "live-model", "");
+    model.dataset.testid = "live-model";
+    head.append(el("span", "pulse", "●"), el("b", null, " streaming "), sessionPart(ev.session_id), model, " ",
       el("code", null, ev.method + " " + ev.path), el("span", "muted", " " + ev.api + " · HTTP " + ev.http_status));
     const status = el("span", "live-state", "");
     head.append(status);
     const text = el("pre", "live-text", "");
     box.append(head, text);
     box._status = status;
+    box._model = model;
     box._text = text;
+    showModel(box, ev.model);
     container().append(box);
     flying.set(ev.live_id, box);
+  }
+
+  // Which session a streaming turn is in: the writer threads it once stored, unless the
+  // client named it (X-Tooltap-Session). Linked to its page; named by its title where the
+  // page shows it, else by its id.
+  function sessionPart(id) {
+    const part = el("span", "live-session");
+    part.dataset.testid = "live-session";
+    if (!id) {
+      part.append("session ", el("span", "muted", "(known once stored)"));
+      return part;
+    }
+    const a = el("a", null, sessionName(id));
+    a.href = "/_tooltap/sessions/" + encodeURIComponent(id);
+    part.append("session ", a);
+    return part;
+  }
+
+  function sessionName(id) {
+    if (id === sessionId) return "this session";
+    const row = document.querySelector('tr[data-session="' + CSS.escape(id) + '"] td.title a');
+    return row ? row.textContent : id;
+  }
+
+  function showModel(box, model) {
+    if (!model || box._model.textContent) return;
+    box._model.append(" · model ", el("b", null, model));
   }
 
   function growing(ev) {
     const box = flying.get(ev.live_id);
     if (!box) return;
+    showModel(box, ev.model);
     box._text.textContent = ev.text;
     box._status.textContent = " · " + ev.bytes + " bytes";
   }
@@ -114,7 +146,10 @@
     ]);
     const head = headHtml && parse(headHtml, "section");
     const oldHead = document.getElementById("session-head");
-    if (head && oldHead) oldHead.replaceWith(head);
+    if (head && oldHead) {
+      oldHead.replaceWith(head);
+      followHead(head);
+    }
     const card = html && parse(html, "article");
     if (!card) return;
     card.classList.add("fresh");
@@ -122,6 +157,14 @@
     if (existing) existing.replaceWith(card);
     // With later turns not fetched yet, the new one comes with them, in its place.
     else if (!document.getElementById("more-turns")) document.getElementById("turns").append(card);
+  }
+
+  // What the page shows of the session outside its header: the tab's title and, on a page
+  // that starts at a later turn, "From turn X of N".
+  function followHead(head) {
+    if (head.dataset.pageTitle) document.title = head.dataset.pageTitle;
+    const of = document.getElementById("turns-of");
+    if (of && head.dataset.turns) of.textContent = head.dataset.turns;
   }
 
   function notice() {

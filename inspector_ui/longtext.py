@@ -5,6 +5,7 @@ the first CLIP characters of any one text and says how much more there is."""
 
 from __future__ import annotations
 
+from fastapi.responses import Response
 from markupsafe import Markup, escape
 
 CLIP = 64 * 1024  # characters of one text shown on a page
@@ -18,3 +19,11 @@ def clip(text, href: str | None = None, limit: int = CLIP) -> Markup:
     more = f"… {len(text) - limit:,} more characters not shown"
     link = Markup(' · <a class="clip-link" href="{}">{}</a>').format(href, "the whole text") if href else ""
     return escape(text[:limit]) + Markup('<span class="clip-note">{}{}</span>').format(more, link)
+
+
+def whole(text: str, filename: str) -> Response:
+    """The whole of a clipped text, where its link leads: plain text the browser shows (every
+    inspector response is nosniff, so captured HTML stays text). A lone surrogate is written
+    as its escape, as json_bytes does."""
+    return Response(text.encode("utf-8", "backslashreplace"), media_type="text/plain; charset=utf-8",
+                    headers={"content-disposition": f'inline; filename="{filename}"'})

@@ -1,9 +1,12 @@
 """The MCP pages: every recorded server (`/_tooltap/mcp`), one server (`/_tooltap/mcp/NAME`:
 its tools/list over time, calls with the model call each executed, errors, latency,
-runs), and what a session page's tool-call cards need to draw their MCP chain (`marks`)."""
+runs), what a session page's tool-call cards need to draw their MCP chain (`marks`), and
+the whole of a message, a call's arguments or its result where the pages clip them
+(`/_tooltap/mcp/messages/ID/raw`, `.../arguments`, `.../result`)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 from fastapi import APIRouter, HTTPException, Request
@@ -11,7 +14,11 @@ from sqlmodel import Session as DB, select
 
 from proxy.mcp import read
 from proxy.mcp.correlate import SLACK_SECONDS, for_session, links_for_turn
+from proxy.mcp.messages import elements, json_id
 from proxy.store.models import Session
+from proxy.store.read import MAX_ID
+
+from .longtext import whole
 
 router = APIRouter()
 SESSIONS_SCANNED = 50  # sessions whose time overlaps the calls shown, correlated to name their turns
@@ -88,7 +95,10 @@ def server_report(db: DB, name: str, limit: int = 200) -> dict | None:
     offered_in = next((asked[c.message_id]["session_id"] for c in calls if c.message_id in asked), None)
     return {
         **summary, "latency": _latency(calls), "tool_sets": sets, "offered_in": offered_in,
-        "recent_calls": [{**c.to_json(), "asked_by": asked.get(c.message_id)} for c in calls],
+        # jsonrpc_id: which call of a batch the page's links to the whole text mean (parsed, as
+        # the messages API gives it).
+        "recent_calls": [{**c.to_json(), "jsonrpc_id": json.loads(c.jsonrpc_id), "asked_by": asked.get(c.message_id)}
+                         for c in calls],
         "connections": read.connections(db, name),
     }
 
@@ -112,3 +122,77 @@ def server_page(request: Request, name: str):
     if report is None:
         raise HTTPException(404, f"no MCP server {name}")
     return templates.TemplateResponse(request, "mcp_server.html", {"r": report, "recent": recent})
+
+
+# -- the whole of what the MCP pages clip: plain text, as the turn pages' whole results ------
+
+@router.get("/mcp/messages/{message_id}/raw")
+def message_raw(request: Request, message_id: int):
+    """A recorded message as it crossed the wire (the messages table shows its start)."""
+    return whole(_message(request, message_id)["raw"], f"tooltap-mcp-message-{message_id}.txt")
+
+
+@router.get("/mcp/messages/{message_id}/arguments")
+def call_arguments(request: Request, message_id: int, id: str | None = None):
+    """The arguments of the tools/call in message `message_id` (`id`: its JSON-RPC id, as
+    JSON, to pick one call of a batch), laid out as the pages show them."""
+    call = _member(_message(request, message_id), _is_call, id, "tools/call request")
+    params = call.get("params") if isinstance(call.get("params"), dict) else {}
+    return whole(_pretty(params.get("arguments")), f"tooltap-mcp-message-{message_id}-arguments.txt")
+
+
+@router.get("/mcp/messages/{message_id}/result")
+def call_result(request: Request, message_id: int, id: str | None = None):
+    """The text of the answer in message `message_id` to a tools/call, as the pages show it."""
+    answer = _member(_message(request, message_id), _is_answer, id, "answer")
+    text = read.answer_text(answer.get("result"), answer.get("error"))
+    if text is None:
+        raise HTTPException(404, f"the answer in MCP message {message_id} holds no text")
+    return whole(text, f"tooltap-mcp-message-{message_id}-result.txt")
+
+
+def _message(request: Request, message_id: int) -> dict:
+    found = None
+    if 0 < message_id <= MAX_ID:  # beyond it the database cannot even be asked
+        with DB(request.app.state.reader.engine) as db:
+            found = read.message(db, message_id)
+    if found is None:
+        raise HTTPException(404, f"no MCP message {message_id}")
+    return found
+
+
+def _is_call(msg: dict) -> bool:
+    return msg.get("method") == "tools/call" and "id" in msg
+
+
+def _is_answer(msg: dict) -> bool:
+    return "id" in msg and ("result" in msg or "error" in msg)
+
+
+def _member(message: dict, wanted, jsonrpc_id: str | None, what: str) -> dict:
+    """The one JSON-RPC message of a recorded line (itself, or a member of its batch) that
+    is `wanted`, with JSON-RPC id `jsonrpc_id` when one is given."""
+    found = [m for m in elements(message["json"]) if wanted(m)]
+    where = f"MCP message {message['id']}"
+    if jsonrpc_id is not None:
+        found = [m for m in found if json_id(m["id"]) == _normal_id(jsonrpc_id)]
+        where += f" with id {jsonrpc_id}"
+    if not found:
+        raise HTTPException(404, f"no {what} in {where}")
+    if len(found) > 1:
+        raise HTTPException(404, f"{where} holds {len(found)} of them: name one {what} by its JSON-RPC id, ?id=")
+    return found[0]
+
+
+def _normal_id(text: str) -> str | None:
+    """A JSON-RPC id given as JSON text, written as the messages' ids are compared (json_id)."""
+    try:
+        return json_id(json.loads(text))
+    except (ValueError, RecursionError):
+        return None
+
+
+def _pretty(value) -> str:
+    from .transcript import pretty  # (transcript imports this module)
+
+    return pretty(value)

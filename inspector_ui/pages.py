@@ -19,7 +19,7 @@ from proxy.store.read import MAX_ID, known_id
 from . import replays, transcript
 from .api import writer_health
 from .curl import as_curl, request_file_name
-from .longtext import clip
+from .longtext import clip, whole
 from proxy.store.read import request_bytes, shown_time
 from .queries import TURN_STATUSES, Filters
 from .rawview import raw_view
@@ -150,11 +150,7 @@ def call_result(request: Request, turn_id: int, index: int):
         if known_id(turn_id) and 0 <= index <= MAX_ID else None
     if text is None:
         raise HTTPException(404, f"no result for call {index} of turn {turn_id}")
-    # Shown as plain text (nosniff, every response): captured HTML stays text. A lone surrogate
-    # is written as its escape, as json_bytes does.
-    name = f"tooltap-turn-{turn_id}-call-{index}-result.txt"
-    return Response(text.encode("utf-8", "backslashreplace"), media_type="text/plain; charset=utf-8",
-                    headers={"content-disposition": f'inline; filename="{name}"'})
+    return whole(text, f"tooltap-turn-{turn_id}-call-{index}-result.txt")
 
 
 # -- fragments for live updates: the same templates, fetched by static/live.js ---------------

@@ -63,6 +63,7 @@ def test_turn_page_tools_page_download_and_curl(tooltap, cline):
     assert "call_00_k1cxcyyiAm1wUwdnNTmPjs3q" in html
     assert "Bearer $API_KEY" in html and "sk-cline-secret" not in html
     assert "Bearer …cdef#" in html  # the header's fingerprint
+    assert "written out from the stored values" in html  # a JSON body is not the bytes sent
     assert re.search(r"\d+ chunks? over", html)
     r = get(tooltap, "/_tooltap/turns/3/download")
     assert "attachment" in r.headers["content-disposition"]
@@ -230,13 +231,15 @@ def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):
     assert get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": "turn:99"}).status_code == 200
 
 
+def selected(html, name):
+    """(value, label) of the chosen options of the schemas page's select `name`."""
+    select = re.search(rf'<select name="{name}">(.*?)</select>', html, re.S).group(1)
+    return re.findall(r'<option value="([^"]*)" selected>([^<]*)</option>', select)
+
+
 def test_schemas_page_selects_what_its_address_compares(tooltap, cline):
     """A source the lists do not hold (a missing turn, a session's offer) is still the one
     selected: "compare" must not fall back to the first turn silently."""
-    def selected(html, name):
-        select = re.search(rf'<select name="{name}">(.*?)</select>', html, re.S).group(1)
-        return re.findall(r'<option value="([^"]*)" selected>([^<]*)</option>', select)
-
     html = get(tooltap, "/_tooltap/schemas", params={"a": "turn:999", "b": "turn:3"}).text
     assert "turn:999: not found" in html
     assert selected(html, "a") == [("turn:999", "turn:999")]
@@ -244,6 +247,27 @@ def test_schemas_page_selects_what_its_address_compares(tooltap, cline):
     html = get(tooltap, "/_tooltap/schemas", params={"a": "turn:1", "b": f"session:<b>{cline}"}).text
     assert [v for v, _ in selected(html, "a")] == ["turn:1"]
     assert selected(html, "b") == [(f"session:&lt;b&gt;{cline}", f"session:&lt;b&gt;{cline}")]  # escaped
+
+
+def test_schemas_page_labels_a_source_it_does_not_list_as_it_labels_its_own(tooltap, cline):
+    """A later turn of a tool set, a session's newest tools, a session's offer of an MCP
+    server's tools: selected by the value the address gave, named in the lists' words."""
+    ids = [t["id"] for t in tooltap.api(f"/sessions/{cline}")["turns"]]
+    when = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+"
+    html = get(tooltap, "/_tooltap/schemas", params={"a": f"turn:{ids[1]}", "b": f"mcp:weather@session:{cline}"}).text
+    assert 'data-testid="diff-summary"' in html  # both found, compared
+    listed = re.findall(r'<option value="([^"]*)"', "".join(re.findall(r"<optgroup.*?</optgroup>", html, re.S)))
+    ((value, label),) = selected(html, "a")
+    assert value == f"turn:{ids[1]}" and value not in listed
+    assert re.fullmatch(rf"turn #{ids[1]} · deepseek-chat · 15 tools · session {cline} · {when}", label), label
+    assert selected(html, "b") == [(f"mcp:weather@session:{cline}",
+                                    f"MCP weather · as offered in session {cline} · 2 tools")]
+    html = get(tooltap, "/_tooltap/schemas", params={"a": f"session:{cline}", "b": "mcp:weather"}).text
+    ((_, label),) = selected(html, "a")
+    assert re.fullmatch(rf"the session&#39;s newest: turn #{ids[-1]} · deepseek-chat · 15 tools · "
+                        rf"session {cline} · {when}", label), label
+    # No tools/list of weather recorded: named as given (and the page says why it compares nothing).
+    assert selected(html, "b") == [("mcp:weather", "mcp:weather")] and "no tools/list answer" in html
 
 
 def test_inspector_refuses_foreign_host_names_without_a_token(tooltap, upstream):
@@ -295,6 +319,7 @@ def test_captured_html_is_served_as_text_and_curl_is_inert(tooltap, upstream):
     # The shell sees one quoted argument: parsing it runs nothing.
     words = shlex.split(command.replace("\\\n", " "))
     assert words[-1] == "hi\nTOOLTAP_EOF\ntouch /tmp/tooltap-pwned\n" and words[-2] == "--data-binary"
+    assert "written out from the stored values" not in get(tooltap, f"/_tooltap/turns/{turn_id}").text  # as sent
     subprocess.run(["bash", "-n", "-c", command], check=True)
 
 

@@ -4,8 +4,11 @@ model asked, what the server got and answered, what the model was told."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urljoin, urlsplit
+
+import httpx
 
 from tests.test_mcp_correlate import play_cline_with_mcp
 
@@ -56,6 +59,8 @@ def test_session_page_shows_the_mcp_chain(make_tooltap, upstream, page):
     assert page.locator("select[name=a]").input_value() == "mcp:weather@1"
     assert page.locator("select[name=b]").input_value() == f"mcp:weather@session:{s['id']}"
     assert page.locator("select[name=a] option:checked").inner_text().startswith("MCP weather · tool set #1")
+    assert page.locator("select[name=b] option:checked").inner_text().startswith(
+        f"MCP weather · as offered in session {s['id']} · ")  # in the lists' words, not its value
     summary = page.locator("[data-testid=diff-summary]").inner_text()
     page.click("form.filters button[type=submit]")
     page.wait_for_load_state()
@@ -66,3 +71,123 @@ def test_session_page_shows_the_mcp_chain(make_tooltap, upstream, page):
     calls = page.locator("[data-testid=mcp-calls]")
     calls.locator("a", has_text="turn").first.click()
     assert "#turn-" in page.url and page.locator("[data-testid=mcp-chain]").count() == 1
+
+
+def _play_long_mcp_texts(tooltap, upstream) -> dict:
+    """An agent on the SDKs (tools under the server's own names) whose model asks for alerts
+    with a 70,000-character state and for a 100 KB radar; the calls go through `tooltap mcp`
+    around the weather server, and the agent gives the model only the start of the radar."""
+    from proxy.demo import chat_sse
+    from proxy.scripted import Reply
+    from tests.mcp_support import WEATHER, sdk_conversation, wrapped
+    from tests.test_proxy_e2e import FINAL_SSE
+
+    state = "<b>DC</b><script>alert(1)</script>" + "x" * 70_000 + "<i>the end of the state</i>"
+    asked = {"get_alerts": {"state": state}, "get_radar": {"megabytes": 0.1}}
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in asked]
+    opening = {"model": "m", "stream": True, "tools": tools,
+               "messages": [{"role": "user", "content": "Alerts and radar for DC?"}]}
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+             for i, (n, a) in enumerate(asked.items())]
+    upstream.routes["/chat/completions"] = [
+        Reply.sse(chat_sse("m", [{"tool_calls": [{"index": i, **c}]} for i, c in enumerate(calls)],
+                           finish="tool_calls")),
+        Reply.sse(FINAL_SSE)]
+
+    async def call_both(session):
+        return [(await session.call_tool(n, a)).content[0].text for n, a in asked.items()]
+
+    with httpx.Client(base_url=tooltap.url, timeout=30) as client:
+        assert client.post("/chat/completions", json=opening).status_code == 200
+        tooltap.flush()
+        alerts, radar = sdk_conversation(wrapped(f"sqlite:///{tooltap.db_path}", *WEATHER), call_both)
+        given = radar[:70_000] + "\n(radar cut by the agent)"
+        follow = {**opening, "messages": [
+            *opening["messages"], {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "call_0", "content": alerts},
+            {"role": "tool", "tool_call_id": "call_1", "content": given}]}
+        assert client.post("/chat/completions", json=follow).status_code == 200
+    tooltap.flush()
+    return {"state": state, "radar": radar, "given": given}
+
+
+def _whole(page, link) -> str:
+    """Follow a clipped text's link: its whole, as plain text the browser does not sniff."""
+    response = page.goto(urljoin(page.url, link.get_attribute("href")))
+    assert response.status == 200
+    assert response.headers["content-type"] == "text/plain; charset=utf-8"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    return response.text()
+
+
+def test_clipped_mcp_texts_link_to_their_whole(make_tooltap, upstream, page):
+    """The MCP chain and the server's page clip long arguments, results and messages; each
+    clipped text links to the whole of it, and captured markup stays text all the way."""
+    tooltap = make_tooltap(upstream.url)
+    with ThreadPoolExecutor(1) as pool:  # see the test above
+        played = pool.submit(_play_long_mcp_texts, tooltap, upstream).result()
+    (s,) = tooltap.api("/sessions")["sessions"]
+    first = tooltap.api(f"/sessions/{s['id']}")["turns"][0]["id"]
+    session_page = f"{tooltap.url}/_tooltap/sessions/{s['id']}"
+
+    page.goto(session_page)
+    alerts = page.locator("[data-testid=tool-call]", has_text="get_alerts").locator("[data-testid=mcp-chain]")
+    shown = alerts.locator("[data-testid=mcp-arguments]")
+    assert shown.text_content().startswith('{\n  "state": "<b>DC</b><script>')  # escaped: shown as text
+    assert "more characters not shown" in shown.text_content() and shown.locator("b, script").count() == 0
+    assert json.loads(_whole(page, shown.locator("a.clip-link"))) == {"state": played["state"]}
+
+    page.goto(session_page)
+    radar = page.locator("[data-testid=tool-call]", has_text="get_radar").locator("[data-testid=mcp-chain]")
+    assert _whole(page, radar.locator("[data-testid=mcp-result] a.clip-link")) == played["radar"]
+    page.goto(session_page)
+    link = radar.locator("[data-testid=agent-text] a.clip-link")
+    assert link.get_attribute("href") == f"/_tooltap/turns/{first}/calls/1/result"
+    assert _whole(page, link) == played["given"]
+
+    # The server's page: the calls' arguments and results, the raw messages.
+    server_page = f"{tooltap.url}/_tooltap/mcp/weather"
+    page.goto(server_page)
+    row = page.locator("[data-testid=mcp-calls] tr", has_text="get_alerts")
+    assert json.loads(_whole(page, row.locator("[data-testid=call-arguments] a.clip-link"))) == {
+        "state": played["state"]}
+    page.goto(server_page)
+    cell = page.locator("[data-testid=mcp-calls] tr", has_text="get_radar").locator("[data-testid=call-result]")
+    assert cell.text_content().startswith(played["radar"][:300]) and "more characters not shown" in cell.text_content()
+    assert _whole(page, cell.locator("a.clip-link")) == played["radar"]
+    page.goto(server_page)
+    links = page.locator("[data-testid=mcp-messages] a.clip-link")
+    assert links.count() == 2  # the long call and the long answer; the rest are whole on the page
+    raws = []
+    for i in range(2):
+        page.goto(server_page)
+        raws.append(json.loads(_whole(page, page.locator("[data-testid=mcp-messages] a.clip-link").nth(i))))
+    assert raws[0]["result"]["content"][0]["text"] == played["radar"]  # newest first
+    assert raws[1]["params"]["arguments"]["state"] == played["state"]
+    assert page.dialogs == []  # the captured <script> never ran
+
+
+def test_an_unknown_mcp_text_is_a_clear_404(make_tooltap, upstream):
+    tooltap = make_tooltap(upstream.url)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(_play_long_mcp_texts, tooltap, upstream).result()
+    by_method = {(m["method"], m["direction"]): m["id"] for m in tooltap.api("/mcp/messages")["messages"]}
+    call, answer = by_method[("tools/call", "to_server")], by_method[("tools/call", "from_server")]
+    initialize = by_method[("initialize", "to_server")]
+
+    def get(path, **params):
+        return httpx.get(f"{tooltap.url}/_tooltap/mcp/messages/{path}", params=params, timeout=10)
+
+    for path, params, detail in [
+            (f"{2**64}/raw", {}, f"no MCP message {2**64}"), ("0/result", {}, "no MCP message 0"),
+            (f"{answer + 1000}/arguments", {}, f"no MCP message {answer + 1000}"),
+            (f"{initialize}/arguments", {}, f"no tools/call request in MCP message {initialize}"),
+            (f"{call}/result", {}, f"no answer in MCP message {call}"),
+            (f"{call}/arguments", {"id": "12345"}, f"no tools/call request in MCP message {call} with id 12345"),
+            (f"{call}/arguments", {"id": "not json"}, f"no tools/call request in MCP message {call} with id not json")]:
+        r = get(path, **params)
+        assert r.status_code == 404 and r.json() == {"detail": detail}, (path, params, r.text)
+        assert r.headers["x-content-type-options"] == "nosniff"
+    recent = tooltap.api("/mcp/servers/weather")["recent_calls"]
+    for c in recent:  # the id the page names each call by picks it
+        assert get(f"{c['message_id']}/arguments", id=json.dumps(c["jsonrpc_id"])).status_code == 200

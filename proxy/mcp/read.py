@@ -123,10 +123,7 @@ class McpCall:
 
     @property
     def result_text(self) -> str | None:
-        if self.error is not None:
-            message = self.error.get("message") if isinstance(self.error, dict) else None
-            return message if isinstance(message, str) else json.dumps(self.error, ensure_ascii=False)
-        return result_text(self.result)
+        return answer_text(self.result, self.error)
 
     @property
     def latency_ms(self) -> float | None:
@@ -138,6 +135,14 @@ class McpCall:
                 "arguments": self.arguments, "request_at": iso(self.request_at), "result_at": iso(self.result_at),
                 "latency_ms": self.latency_ms, "is_error": self.is_error, "result_text": self.result_text,
                 "error": self.error, "undeclared_arguments": self.undeclared, "schema_known": self.schema_known}
+
+
+def answer_text(result, error) -> str | None:
+    """An answer to a tools/call as the pages show it: the error's message, else the result's text."""
+    if error is not None:
+        message = error.get("message") if isinstance(error, dict) else None
+        return message if isinstance(message, str) else json.dumps(error, ensure_ascii=False)
+    return result_text(result)
 
 
 def calls(db: DB, *, server: str | None = None, since: float | None = None, until: float | None = None,

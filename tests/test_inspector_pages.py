@@ -546,3 +546,21 @@ def test_an_offset_too_large_says_what_an_offset_may_be(tooltap):
     assert r.status_code == 400
     assert r.json()["detail"] == f"offset={10**20}: an offset is how many sessions to skip, 0 to 2^63-1"
     assert get(tooltap, "/_tooltap/api/sessions", params={"offset": 2**63 - 1}).json() == {"sessions": []}
+
+
+def test_links_to_a_session_whose_name_holds_url_characters_lead_to_it(tooltap, upstream):
+    """A session named by the client (X-Tooltap-Session) may hold '#', '?', '%' or spaces:
+    every link to it is encoded, or it would lead to another session or to none."""
+    name = "team/a#b?c=1 50%"
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]})
+    httpx.post(tooltap.url + "/chat/completions", headers={"x-tooltap-session": name},
+               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    turn_id = tooltap.api("/turns")["turns"][0]["id"]
+    to_session = r'<a href="(/_tooltap/sessions/[^"#]*)'  # the first link to a session page
+    tools = f"/_tooltap/sessions/{name.replace('#', '%23').replace('?', '%3F')}/tools"
+    for page in ("/_tooltap/", f"/_tooltap/turns/{turn_id}", tools):
+        href = re.search(to_session, get(tooltap, page).text).group(1)
+        assert "#" not in href and "?" not in href, (page, href)
+        answer = get(tooltap, href.replace("&amp;", "&"))
+        assert answer.status_code == 200 and f"<code>{name}</code>" in answer.text.replace("&#39;", "'"), (page, href)

@@ -254,3 +254,8 @@ def test_an_agent_that_offers_the_servers_tools_under_their_own_names(make_toolt
     assert len(report["links"]) == 1 and report["unasked"] == [] and report["unreached"] == []
     (recent,) = [x for x in tooltap.api("/mcp/servers/weather")["recent_calls"] if x["tool"] == "get_forecast"]
     assert recent["asked_by"]["turn_id"] == ids[0]
+    # What the server declared against what this agent offered the model of it, by name.
+    out = CliRunner().invoke(main, ["schemas", "diff", "mcp:weather", f"mcp:weather@session:{s['id']}",
+                                    "--format", "json", "--db", f"sqlite:///{tooltap.db_path}"])
+    status = {t["name"]: t["status"] for t in json.loads(out.output)["tools"]}
+    assert status["get_forecast"] != "removed" and status["get_alerts"] == "removed", out.output

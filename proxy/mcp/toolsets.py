@@ -4,7 +4,8 @@ offered a model of that server's tools.
     mcp:NAME                 the newest tools/list answer of server NAME
     mcp:NAME@ID              the tool set ID of that server (`tooltap schemas list`, the MCP page)
     mcp:NAME@session:SID     server NAME's tools as the agent offered them in session SID,
-                             under their MCP names (`cIya4J0mcp0get_forecast` -> `get_forecast`)
+                             under their MCP names (`cIya4J0mcp0get_forecast` -> `get_forecast`),
+                             or, from an agent built on the SDKs, under their own
 
 so `tooltap schemas diff mcp:weather mcp:weather@session:SID` shows what the agent changed
 on the way (Cline prefixes descriptions with the server's name; a schema it rewrote, a
@@ -38,7 +39,7 @@ def load_source(source: str, db_url: str) -> ToolSet:
     try:
         with DB(engine) as db:
             if which.startswith("session:"):
-                return offered(db_url, name, which[len("session:"):], source)
+                return offered(db, db_url, name, which[len("session:"):], source)
             q = select(McpToolSet).where(McpToolSet.server == name)
             if at:
                 if not which.isdigit():
@@ -53,7 +54,7 @@ def load_source(source: str, db_url: str) -> ToolSet:
         engine.dispose()
 
 
-def offered(db_url: str, server: str, session_id: str, source: str) -> ToolSet:
+def offered(db: DB, db_url: str, server: str, session_id: str, source: str) -> ToolSet:
     from ..store import read
     from ..store.db import shown_url
 
@@ -66,9 +67,18 @@ def offered(db_url: str, server: str, session_id: str, source: str) -> ToolSet:
         tool = mcp_tool_of(spec.name, spec.description, server)
         if tool is not None:
             mine.append(dataclasses.replace(spec, name=tool))
+    if not mine:  # an agent built on the SDKs offers the server's tools under their own names
+        declared = _declared_names(db, server)
+        mine = [spec for spec in whole.tools if spec.name in declared]
     if not mine:
         raise SourceError(f"{source}: the agent offered no tool of MCP server {server!r} in that session")
     return ToolSet(source, whole.format, mine, whole.skipped)
+
+
+def _declared_names(db: DB, server: str) -> set[str]:
+    """Every tool name `server` declared in any of its recorded tools/list answers."""
+    sets = db.exec(select(McpToolSet.tools).where(McpToolSet.server == server)).all()
+    return {t.get("name") for packed in sets for t in content.unpack(packed) if isinstance(t, dict)}
 
 
 def mcp_tool_of(name: str, description: str | None, server: str) -> str | None:

@@ -135,6 +135,7 @@ def test_clipped_mcp_texts_link_to_their_whole(make_tooltap, upstream, page):
     shown = alerts.locator("[data-testid=mcp-arguments]")
     assert shown.text_content().startswith('{\n  "state": "<b>DC</b><script>')  # escaped: shown as text
     assert "more characters not shown" in shown.text_content() and shown.locator("b, script").count() == 0
+    assert "/arguments?id=" in shown.locator("a.clip-link").get_attribute("href")  # the call, even in a batch
     assert json.loads(_whole(page, shown.locator("a.clip-link"))) == {"state": played["state"]}
 
     page.goto(session_page)

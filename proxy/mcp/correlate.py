@@ -20,6 +20,7 @@ which the LLM turns and the MCP messages reached the database.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -152,7 +153,8 @@ def link_json(c: LlmCall, m: McpCall, matched_by: str) -> dict:
         "result_at": iso(m.result_at), "is_error": m.is_error, "result_text": m.result_text,
         "undeclared_arguments": list(m.undeclared),
         # more than the contract: what the inspector's chain shows
-        "result_message_id": m.result_message_id, "tool": m.tool, "connection": m.connection,
+        "result_message_id": m.result_message_id, "jsonrpc_id": json.loads(m.jsonrpc_id), "tool": m.tool,
+        "connection": m.connection,
         "arguments": m.arguments, "error": m.error, "schema_known": m.schema_known, "matched_by": matched_by,
         "result_match": match, "agent_text": agent_text, "next_turn_id": c.next_turn_id, "flags": flags,
         "timings": {"model_ms": c.model_ms, "dispatch_ms": end_ms(c.turn_end, m.request_at),

@@ -324,7 +324,7 @@ def send_in(url: str, body: dict, session: str | None = None) -> httpx.Response:
 
 def test_a_streaming_turn_names_its_session_and_model_on_the_list(tooltap, upstream, page):
     """Two turns stream at once: one of a session the client names (a row already on the
-    list: linked by its title), one the writer will thread (said to be known once stored).
+    list: linked by its title), one the writer will thread (no session named yet).
     The model is the one the stream names. Captured names are text, never markup."""
     model = "slow-" + XSS_IMG
     upstream.routes["/chat/completions"] = Reply.sse(chat_sse("quick", words("hi")))
@@ -348,11 +348,12 @@ def test_a_streaming_turn_names_its_session_and_model_on_the_list(tooltap, upstr
     named = live.filter(has=page.locator("[data-testid=live-session] a"))
     link = named.locator("[data-testid=live-session] a")
     expect(link).to_have_text("plan " + XSS_SCRIPT)  # the row's title, as text
+    expect(named.locator("[data-testid=live-session]")).to_have_text("in session plan " + XSS_SCRIPT)
     assert link.get_attribute("href") == "/_tooltap/sessions/team%2Falice"
     unnamed = live.filter(has_not=page.locator("[data-testid=live-session] a"))
-    expect(unnamed.locator("[data-testid=live-session]")).to_have_text("session (known once stored)")
+    expect(unnamed.locator("[data-testid=live-session]")).to_have_text("")
     for box in (named, unnamed):
-        expect(box.locator("[data-testid=live-model]")).to_have_text(" · model " + model)
+        expect(box.locator("[data-testid=live-model]")).to_have_text("model " + model + " · ")
         expect(box.locator(".live-text")).to_contain_text("word1")
     assert "word11" not in named.locator(".live-text").inner_text()  # seen while still streaming
     assert page.locator("main img").count() == 0 and page.evaluate("window.__xss") is None
@@ -378,8 +379,8 @@ def test_a_streaming_turn_of_the_open_session_says_so(tooltap, upstream, page):
     sender = threading.Thread(target=send_in, args=(tooltap.url, second, "s-1"))
     sender.start()
     box = page.locator("#in-flight [data-testid=live-turn]")
-    expect(box.locator("[data-testid=live-session]")).to_have_text("session this session")
-    expect(box.locator("[data-testid=live-model]")).to_have_text(" · model m2")
+    expect(box.locator("[data-testid=live-session]")).to_have_text("in this session ")
+    expect(box.locator("[data-testid=live-model]")).to_have_text("model m2 · ")
     sender.join()
     expect(page.locator("article.turn")).to_have_count(2)
     assert errors == []

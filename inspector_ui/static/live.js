@@ -39,7 +39,7 @@
     const head = el("div", "live-head");
     const model = el("span", "live-model", "");
     model.dataset.testid = "live-model";
-    head.append(el("span", "pulse", "●"), el("b", null, " streaming "), sessionPart(ev.session_id), model, " ",
+    head.append(el("span", "pulse", "●"), el("b", null, " streaming "), sessionPart(ev.session_id), model,
       el("code", null, ev.method + " " + ev.path), el("span", "muted", " " + ev.api + " · HTTP " + ev.http_status));
     const status = el("span", "live-state", "");
     head.append(status);
@@ -53,31 +53,25 @@
     flying.set(ev.live_id, box);
   }
 
-  // Which session a streaming turn is in: the writer threads it once stored, unless the
-  // client named it (X-Tooltap-Session). Linked to its page; named by its title where the
-  // page shows it, else by its id.
+  // Which session a streaming turn is in, when that is known before it is stored: the
+  // client named it (X-Tooltap-Session). The writer threads the others once stored.
   function sessionPart(id) {
     const part = el("span", "live-session");
     part.dataset.testid = "live-session";
-    if (!id) {
-      part.append("session ", el("span", "muted", "(known once stored)"));
-      return part;
+    if (id && id === sessionId) {
+      part.append("in this session ");
+    } else if (id) {
+      const row = document.querySelector('tr[data-session="' + CSS.escape(id) + '"] td.title a');
+      const a = el("a", null, row ? row.textContent : id);  // its title where the list shows it
+      a.href = "/_tooltap/sessions/" + encodeURIComponent(id);
+      part.append("in session ", a, " ");
     }
-    const a = el("a", null, sessionName(id));
-    a.href = "/_tooltap/sessions/" + encodeURIComponent(id);
-    part.append("session ", a);
     return part;
-  }
-
-  function sessionName(id) {
-    if (id === sessionId) return "this session";
-    const row = document.querySelector('tr[data-session="' + CSS.escape(id) + '"] td.title a');
-    return row ? row.textContent : id;
   }
 
   function showModel(box, model) {
     if (!model || box._model.textContent) return;
-    box._model.append(" · model ", el("b", null, model));
+    box._model.append("model ", el("b", null, model), " · ");
   }
 
   function growing(ev) {

@@ -93,6 +93,7 @@ def session(request: Request, session_id: str, after: int | None = None):  # rou
         raise HTTPException(404, f"no session {session_id}")
     return templates.TemplateResponse(request, "session.html", {
         "s": view, "runs": replays.session_runs(request, session_id),
+        "replay_command": replays.replay_command(request, session_id),
         "converters": replays.converter_replay_available()})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import threading
 from itertools import zip_longest
 from typing import Any
@@ -44,7 +45,25 @@ def _session_exists(request: Request, session_id: str) -> bool:
 
 
 def session_runs(request: Request, session_id: str) -> list[dict]:
-    return runs.runs_of_session(_engine(request), session_id)
+    """The session's runs, newest first, each with the verdict its page gives it."""
+    engine = _engine(request)
+    return [{**r, "verdict": run_view(runs.run(engine, r["id"]))["verdict"]}
+            for r in runs.runs_of_session(engine, session_id)]
+
+
+def replay_command(request: Request, session_id: str) -> str:
+    """The command line that stores a run as the button does, safe to paste: the session
+    id is whatever the client named it. The database is named unless it is the default
+    (a SQLite path made absolute, a password left out)."""
+    from proxy.config import DEFAULT_DB
+    from proxy.store.db import shown_url, sqlite_path
+
+    words = ["tooltap", "replay", "session", session_id, "--recorded", "--record-run"]
+    db_url = request.app.state.tooltap.settings.db_url
+    if db_url != DEFAULT_DB:
+        path = sqlite_path(db_url)
+        words += ["--db", f"sqlite:///{path.resolve()}" if path else shown_url(db_url)]
+    return shlex.join(words)
 
 
 def converter_replay_available() -> bool:

@@ -3,11 +3,13 @@ the JSON API and the POST that starts a replay, and the pages in a real headless
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import sqlite3
 import zlib
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -205,6 +207,8 @@ def test_a_live_run_page_says_what_was_set_and_names_turns_by_place(tooltap, ups
     assert shown(run_["id"], "setting") == ["model m2", "ignoring city"]  # no "to None", no "per_tool {}"
     page = httpx.get(f"{tooltap.url}/_tooltap/replays/{run_['id']}").text
     assert 'turn 1 <span class="turn-id">#2</span></a>' in page and "None" not in page
+    listed = httpx.get(f"{tooltap.url}/_tooltap/api/sessions/{weather}/replays").json()["runs"]
+    assert [r["verdict"] for r in listed if r["id"] == run_["id"]] == ["match"]  # the session page's word too
 
     run_ = live(failed)  # its only turn failed when recorded: skipped, nothing compared
     assert run_["ok"] is False and (run_["turns"], run_["differing"]) == (0, 0)
@@ -278,3 +282,24 @@ def test_replay_from_the_session_page_shows_both_columns(tooltap, upstream, page
     page.goto(f"{tooltap.url}/_tooltap/sessions/{sid}")
     row = page.locator("[data-testid=runs] tbody tr").filter(has_text="recorded").first
     assert "differs" in row.inner_text() and "1/2" in row.inner_text()
+
+
+def test_the_replay_command_a_session_page_suggests_is_safe_to_paste(tooltap, upstream, tmp_path):
+    """The session id is whatever the client sent in X-Tooltap-Session: the suggested
+    command quotes it, so pasted into a shell it replays that session and runs nothing."""
+    import shlex
+    import subprocess
+
+    name = "x$(touch PWNED) `id` it's"
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("hi")))
+    httpx.post(f"{tooltap.url}/chat/completions", headers={"x-tooltap-session": name},
+               json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    tooltap.flush()
+    page = httpx.get(f"{tooltap.url}/_tooltap/sessions/{quote(name, safe='/')}").text
+    shown = re.search(r'data-testid="replay-command">(.*?)</code>', page).group(1)
+    line = html.unescape(shown)
+    argv = shlex.split(line)
+    assert argv[:4] == ["tooltap", "replay", "session", name] and argv[4:6] == ["--recorded", "--record-run"]
+    assert argv[6:] == ["--db", f"sqlite:///{tooltap.db_path.resolve()}"]  # not the default database
+    subprocess.run(["bash", "-c", "tooltap() { :; }; " + line], cwd=tmp_path, check=True, timeout=10)
+    assert not (tmp_path / "PWNED").exists()

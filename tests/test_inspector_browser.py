@@ -420,3 +420,21 @@ def test_the_turns_window_and_title_follow_new_turns_live(tooltap, upstream, pag
     expect(page).to_have_title(f"tally {XSS_IMG} · 4 turns · tooltap")
     assert page.locator("main img").count() == 0 and page.evaluate("window.__xss") is None
     assert errors == []
+
+
+def test_a_long_unbroken_tool_message_wraps_within_the_page(tooltap, upstream, page):
+    """A tool result with no spaces (base64, minified JSON) wraps: the page does not
+    scroll sideways."""
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]})
+    blob = "QUJD" * 1500
+    call = {"id": "call_1", "type": "function", "function": {"name": "read_image", "arguments": "{}"}}
+    history = [{"role": "user", "content": "look"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    for messages in (history[:1], [*history, {"role": "tool", "tool_call_id": "call_1", "content": blob}]):
+        assert send(tooltap.url, {"model": "m", "messages": messages}).status_code == 200
+    tooltap.flush()
+    sid = tooltap.api("/sessions")["sessions"][0]["id"]
+    page.set_viewport_size({"width": 1200, "height": 800})
+    page.goto(f"{tooltap.url}/_tooltap/sessions/{sid}")
+    expect(page.locator(".seg.tool-message")).to_contain_text("QUJDQUJD")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1200

@@ -400,6 +400,12 @@ def call_view(c: dict, numbers: dict[int, int] | None = None) -> dict:
     task_progress (drawn apart as a checklist), and the place in the session (`numbers`)
     of the turn its MCP result went to."""
     d = c.get("decoded") or {}
+    mcp = c.get("mcp")
+    if d.get("kind") != "mcp" and mcp and mcp.get("server"):
+        # An agent built on the SDKs names the server's tools as they are: the name alone
+        # says nothing (decoded as built in), the recorded MCP call it became does.
+        d = {"kind": "mcp", "server": mcp["server"], "tool": mcp.get("tool") or c["name"],
+             "convention": f"matched by {mcp.get('matched_by') or 'time'}"}
     if d.get("kind") == "mcp" and d.get("server"):
         display = f"{d['server']} › {d.get('tool')}"
     elif d.get("kind") == "mcp":
@@ -410,10 +416,9 @@ def call_view(c: dict, numbers: dict[int, int] | None = None) -> dict:
     shown = args
     if isinstance(args, dict) and c.get("task_progress") and "task_progress" in args:
         shown = {k: v for k, v in args.items() if k != "task_progress"}
-    mcp = c.get("mcp")
     if mcp and numbers:
         mcp = {**mcp, "next_turn_n": numbers.get(mcp.get("next_turn_id"))}
-    return {**c, "display_name": display, "mcp": mcp,
+    return {**c, "decoded": d or c.get("decoded"), "display_name": display, "mcp": mcp,
             "arguments_pretty": pretty(shown) if args is not None else None}
 
 

@@ -254,6 +254,10 @@ def test_an_agent_that_offers_the_servers_tools_under_their_own_names(make_toolt
     assert len(report["links"]) == 1 and report["unasked"] == [] and report["unreached"] == []
     (recent,) = [x for x in tooltap.api("/mcp/servers/weather")["recent_calls"] if x["tool"] == "get_forecast"]
     assert recent["asked_by"]["turn_id"] == ids[0]
+    card = httpx.get(f"{tooltap.url}/_tooltap/turns/{ids[0]}").text
+    card = card[card.index('data-testid="tool-call"'):]
+    assert 'data-testid="call-name">weather › get_forecast<' in card  # not a built-in: its MCP call says so
+    assert '<span class="tag">mcp · matched by arguments</span>' in card
     # What the server declared against what this agent offered the model of it, by name.
     out = CliRunner().invoke(main, ["schemas", "diff", "mcp:weather", f"mcp:weather@session:{s['id']}",
                                     "--format", "json", "--db", f"sqlite:///{tooltap.db_path}"])

@@ -98,7 +98,9 @@ def session(request: Request, session_id: str, after: int | None = None):  # rou
 
 
 @router.get("/sessions/{session_id:path}/tools")
-def tools(request: Request, session_id: str):
+def tools(request: Request, session_id: str, after: int | None = None):
+    if replays.session_exists(request, session_id + "/tools"):  # a session named so (X-Tooltap-Session)
+        return session(request, session_id + "/tools", after)
     found = _queries(request).session_tools(session_id)
     s = _queries(request).session_summary(session_id)
     if found is None or s is None:

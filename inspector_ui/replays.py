@@ -39,7 +39,7 @@ def _engine(request: Request):
     return request.app.state.reader.engine
 
 
-def _session_exists(request: Request, session_id: str) -> bool:
+def session_exists(request: Request, session_id: str) -> bool:
     with DB(_engine(request)) as db:
         return db.get(Session, session_id) is not None
 
@@ -74,7 +74,11 @@ def converter_replay_available() -> bool:
 
 @api_router.get("/sessions/{session_id:path}/replays")
 def list_runs(request: Request, session_id: str):
-    if not _session_exists(request, session_id):
+    if session_exists(request, session_id + "/replays"):  # a session named so (X-Tooltap-Session)
+        from .api import session
+
+        return session(request, session_id + "/replays")
+    if not session_exists(request, session_id):
         raise HTTPException(404, f"no session {session_id}")
     return {"runs": session_runs(request, session_id)}
 
@@ -92,7 +96,7 @@ def start_replay(request: Request, session_id: str):
     """Replay the session against its recording (and through the converters, when that
     part is installed), store each run, answer with the runs and where to see the first."""
     _refuse_cross_site(request)
-    if not _session_exists(request, session_id):
+    if not session_exists(request, session_id):
         raise HTTPException(404, f"no session {session_id}")
     if not _one_at_a_time.acquire(blocking=False):
         raise HTTPException(409, "a replay is already running; try again when it ends")

@@ -564,3 +564,19 @@ def test_links_to_a_session_whose_name_holds_url_characters_lead_to_it(tooltap, 
         assert "#" not in href and "?" not in href, (page, href)
         answer = get(tooltap, href.replace("&amp;", "&"))
         assert answer.status_code == 200 and f"<code>{name}</code>" in answer.text.replace("&#39;", "'"), (page, href)
+
+
+def test_a_session_named_like_a_subpage_is_its_own_page(tooltap, upstream):
+    """'team/tools' and 'team/replays' are sessions a client may name: their links lead to
+    them, not to the tools page or the runs of a session 'team'."""
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]})
+    for name in ("team", "team/tools", "team/replays"):
+        httpx.post(tooltap.url + "/chat/completions", headers={"x-tooltap-session": name},
+                   json={"model": "m", "messages": [{"role": "user", "content": f"in {name}"}]})
+    page = get(tooltap, "/_tooltap/sessions/team/tools")
+    assert page.status_code == 200 and "<code>team/tools</code>" in page.text and "in team/tools" in page.text
+    assert get(tooltap, "/_tooltap/api/sessions/team/replays").json()["id"] == "team/replays"
+    assert get(tooltap, "/_tooltap/api/sessions/team/tools").json()["id"] == "team/tools"
+    assert get(tooltap, "/_tooltap/api/sessions/team/tools/replays").json() == {"runs": []}
+    assert "<code>team</code>" in get(tooltap, "/_tooltap/sessions/team").text

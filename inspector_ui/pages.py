@@ -89,8 +89,9 @@ def sessions(request: Request, q: str = "", model: str = "", tool: str = "", ser
 
 def session(request: Request, session_id: str, after: int | None = None):  # routed last, see the end of this file
     view = transcript.session_view(_reader(request), session_id, after=after)
-    if view is None:
-        raise HTTPException(404, f"no session {session_id}")
+    if view is None:  # (a live banner links to a session whose first turn is still streaming)
+        raise HTTPException(404, f"no session {session_id}: a session appears once its first turn is stored, "
+                                 "when that turn's answer ends")
     return templates.TemplateResponse(request, "session.html", {
         "s": view, "runs": replays.session_runs(request, session_id),
         "replay_command": replays.replay_command(request, session_id),

@@ -127,7 +127,7 @@ class Forwarder:
         if not streamed:
             await body.read_all()
 
-        session_hint = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == SESSION_HEADER), None)
+        session_hint = next((_decode(v) for k, v in scope["headers"] if k.lower() == SESSION_HEADER), None)
         wire_headers = _strip(scope["headers"], frozenset({b"host", SESSION_HEADER}))
         headers = _text(wire_headers)
         query = scope.get("query_string", b"").decode("latin-1")

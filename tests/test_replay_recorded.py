@@ -235,3 +235,19 @@ def test_every_demo_session_replays_identical(tmp_path):
     for s in sessions:
         result = replay_recorded(load(reader, s["id"]), speed=0)
         assert result.ok, render_text(result)
+
+
+def test_a_session_named_in_utf8_keeps_its_name_and_replays(tooltap, upstream):
+    """X-Tooltap-Session in UTF-8 (the bytes a client sends for 'équipe/ü'): the session is
+    named as written, not as Latin-1 read it ('Ã©quipe'), and a recorded replay sends the
+    name again and threads the same (it raised UnicodeEncodeError)."""
+    name = "équipe/ü 日本"
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("bonjour")))
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "salut"}]}
+    r = httpx.post(f"{tooltap.url}/chat/completions", json=body,
+                   headers=[(b"x-tooltap-session", name.encode("utf-8"))])
+    assert r.status_code == 200
+    recording = recorded(tooltap)
+    assert recording.session_id == name
+    result = replay_recorded(recording, speed=0)
+    assert result.ok, render_text(result)

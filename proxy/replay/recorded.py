@@ -98,7 +98,7 @@ def _send(url: str, recording: Recording, interactions: list[Interaction], casse
     hint = _session_hint(recording.session_id)
     with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0)) as client:
         for n, (turn, i) in enumerate(zip(recording.turns, interactions)):
-            headers = list(i.request_headers) + ([(SESSION_HEADER, hint)] if hint else [])
+            headers = list(i.request_headers) + ([(SESSION_HEADER, hint.encode("utf-8"))] if hint else [])
             missed = len(cassette.misses)
             try:
                 with client.stream(turn.method, turn.path, content=_body(turn.request), headers=headers,

@@ -1,13 +1,17 @@
 """A user's mistake or the machine's state gives one clear line and a non-zero exit,
-never a traceback; read commands never create a database."""
+never a traceback; read commands never create a database, nor make one tooltap's."""
 
 from __future__ import annotations
 
+import os
 import socket
+import sqlite3
 import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import in_schema, postgres_schema
 
 CLI = [sys.executable, "-m", "proxy"]
 
@@ -127,6 +131,144 @@ def test_read_commands_never_create_a_database(tmp_path, args):
 def test_a_read_command_given_a_folder_says_so(tmp_path):
     r = run("stats", "--db", str(tmp_path), cwd=tmp_path)
     assert_one_line_error(r, "it is a folder")
+
+
+# Commands that read the store (and may migrate it forward), but must never create it.
+READERS = [["stats"], ["schemas", "list"], ["prune", "--older-than", "30d", "--dry-run"], ["replay", "tools", "--all"]]
+
+
+def files_in(folder) -> dict:
+    """Each file's bytes and mtime: a change to one, or a -wal or -shm left beside it, shows."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def migrated_to(engine, revision: str) -> None:
+    """The store as a tooltap of that migration made it."""
+    from alembic import command
+
+    from proxy.store.db import alembic_config
+
+    with engine.begin() as conn:
+        cfg = alembic_config(engine.url.render_as_string(hide_password=False))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def revision_of(engine) -> str:
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def head() -> str:
+    from alembic.script import ScriptDirectory
+
+    from proxy.store.db import alembic_config
+
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+@pytest.mark.parametrize("args", READERS)
+@pytest.mark.parametrize("kind", ["foreign", "empty"])
+def test_a_read_command_refuses_a_database_without_tooltap_data_and_leaves_it_alone(tmp_path, args, kind):
+    db = tmp_path / "other.db"
+    if kind == "foreign":
+        conn = sqlite3.connect(db)
+        conn.execute("create table notes (body text)")
+        conn.commit()
+        conn.close()
+    else:
+        db.touch()
+    before = files_in(tmp_path)
+    r = run(*args, "--db", f"sqlite:///{db}", cwd=tmp_path)
+    assert r.returncode == 2
+    found = "its tables: notes" if kind == "foreign" else "it has no tables"
+    assert_one_line_error(r, f"{db} holds no tooltap data ({found})", "give the --db that `tooltap serve` writes to")
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert files_in(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", READERS)
+def test_a_read_command_reads_a_tooltap_store(tmp_path, args):
+    from proxy.store.db import open_database
+
+    db = tmp_path / "t.db"
+    open_database(str(db)).dispose()
+    r = run(*args, "--db", str(db))
+    assert r.returncode == 0 and not r.stderr, r
+
+
+@pytest.mark.parametrize("args", READERS)
+def test_a_read_command_brings_an_older_store_up_to_date(tmp_path, args):
+    """An upgraded tooltap migrates its store on the first command that opens it."""
+    from proxy.store.db import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    migrated_to(engine, "0001")
+    r = run(*args, "--db", str(tmp_path / "old.db"))
+    assert r.returncode == 0 and not r.stderr, r
+    assert revision_of(engine) == head()
+    engine.dispose()
+
+
+def test_a_read_command_leaves_a_newer_tooltaps_store_alone(tmp_path):
+    from proxy.store.db import open_database
+
+    db = tmp_path / "t.db"
+    open_database(str(db)).dispose()
+    conn = sqlite3.connect(db)
+    conn.execute("update alembic_version set version_num = '9999'")
+    conn.commit()
+    conn.close()
+    before = files_in(tmp_path)
+    r = run("stats", "--db", str(db))
+    assert r.returncode == 2
+    assert_one_line_error(r, f"{db} was written by a newer tooltap (schema 9999): upgrade tooltap")
+    assert files_in(tmp_path) == before
+
+
+def search_path_code(schema: str) -> str:
+    """The CLI run with every Postgres connection in `schema`, as conftest's in_schema does
+    (a URL cannot say it: tooltap gives the driver its own options)."""
+    return ("import sys; from sqlalchemy import event; from sqlalchemy.engine import Engine; "
+            f"event.listen(Engine, 'connect', lambda c, _: (c.execute('SET search_path TO {schema}'), c.commit())); "
+            "sys.argv[0] = 'tooltap'; from proxy.cli import main; main()")
+
+
+def test_a_read_command_refuses_postgres_without_tooltap_tables_and_upgrades_an_older_store():
+    from sqlalchemy import inspect, text
+
+    from proxy.store.db import make_engine
+
+    schema = f"cli_reader_{os.getpid()}"
+    url = postgres_schema(schema)
+    engine = in_schema(make_engine(url), schema)
+    code = search_path_code(schema)
+
+    def tables() -> set[str]:
+        with engine.connect() as conn:
+            return set(inspect(conn).get_table_names())
+
+    try:
+        r = run("stats", "--db", url, code=code)
+        assert r.returncode == 2
+        assert_one_line_error(r, "holds no tooltap data (it has no tables)")
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE notes (body text)"))
+        for args in READERS:
+            r = run(*args, "--db", url, code=code)
+            assert r.returncode == 2
+            assert_one_line_error(r, "holds no tooltap data (its tables: notes)", "`tooltap serve`")
+        assert tables() == {"notes"}
+        migrated_to(engine, "0001")
+        r = run("stats", "--db", url, code=code)
+        assert r.returncode == 0 and not r.stderr, r
+        assert revision_of(engine) == head()
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        engine.dispose()
 
 
 def test_schemas_errors_on_odd_input(tmp_path):

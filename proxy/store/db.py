@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event, text
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import NullPool
 
 from ..config import normalize_db_url
 from .files import create_private
@@ -69,7 +73,8 @@ def open_database(url: str, *, create: bool = True) -> Engine:
     Every way this can fail becomes a DatabaseUnavailable with one clear line: an unknown
     URL, a missing folder, a folder that cannot be written, a file that is not a
     database, Postgres without its driver or unreachable. With create=False (the read
-    commands) a missing SQLite file is an error instead of a new empty database."""
+    commands) a missing SQLite file is an error instead of a new empty database, and so is
+    a database that holds no tooltap store (another program's, or an empty one)."""
     url = normalize_db_url(url)
     scheme = url.split("://", 1)[0]
     if not scheme.startswith(("sqlite", "postgresql")):
@@ -90,8 +95,12 @@ def open_database(url: str, *, create: bool = True) -> Engine:
             except OSError as exc:
                 raise DatabaseUnavailable(f"cannot create the database {path}: {exc.strerror or exc}") from None
     try:
+        if not create:
+            require_store(url)
         engine = make_engine(url)
         migrate(engine)
+    except DatabaseUnavailable:
+        raise
     except ImportError as exc:
         if "psycopg" in str(exc):
             raise DatabaseUnavailable("Postgres needs its driver: pip install 'tooltap[postgres]'") from exc
@@ -99,6 +108,58 @@ def open_database(url: str, *, create: bool = True) -> Engine:
     except Exception as exc:  # sqlalchemy/alembic/driver errors: name the cause, not the stack
         raise DatabaseUnavailable(f"cannot open the database {shown_url(url)}: {_cause(exc)}") from exc
     return engine
+
+
+def require_store(url: str) -> None:
+    """Refuse a database without a tooltap store, before anything could change it: migrating
+    would add tooltap's tables to another program's file, and make_engine's pragmas would
+    turn a SQLite file to WAL. A store of an older schema passes, to be migrated forward."""
+    path = sqlite_path(url)
+    where = str(path) if path is not None else shown_url(url)
+    tables, revision = _store_marks(_probe_engine(url))
+    if "turns" in tables and revision in _revisions():
+        return
+    if "turns" in tables and revision is not None:
+        raise DatabaseUnavailable(f"{where} was written by a newer tooltap (schema {revision}): upgrade tooltap")
+    found = f"its tables: {_some(tables)}" if tables else "it has no tables"
+    raise DatabaseUnavailable(f"{where} holds no tooltap data ({found}): "
+                              "give the --db that `tooltap serve` writes to")
+
+
+def _probe_engine(url: str) -> Engine:
+    """An engine to look with and nothing more. For SQLite: no pragmas, never a new file, and
+    opened read-write so that closing it removes the -wal and -shm that reading a WAL file
+    makes (a read-only connection would leave them beside it)."""
+    path = sqlite_path(url)
+    if path is None:
+        return make_engine(url)  # Postgres: connecting changes nothing
+    uri = f"file:{quote(str(path.resolve()))}?mode=rw"
+    return create_engine("sqlite://", poolclass=NullPool,
+                         creator=lambda: sqlite3.connect(uri, uri=True, timeout=2.0, check_same_thread=False))
+
+
+def _store_marks(engine: Engine) -> tuple[set[str], str | None]:
+    """The tables (in the schema connections work in) and the alembic revision they are at."""
+    try:
+        with engine.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+            if "alembic_version" not in tables:
+                return tables, None
+            return tables, conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    finally:
+        engine.dispose()
+
+
+def _revisions() -> set[str]:
+    """tooltap's migrations: another program's alembic_version may name revisions too."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+def _some(names: set[str], most: int = 3) -> str:
+    shown = sorted(names)[:most]
+    rest = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {rest} more" if rest else "")
 
 
 def shown_url(url: str) -> str:

@@ -22,6 +22,7 @@ from tests.mcp_support import (
 )
 
 from proxy.mcp import read
+from proxy.store.db import DatabaseUnavailable, open_database
 
 
 def test_sdk_client_through_the_wrapper(tmp_path):
@@ -233,12 +234,8 @@ def test_database_unreachable_spools_and_a_later_run_stores_it(tmp_path):
     d.send(data)
     assert d.finish() == 0
     assert bytes(d.out) == data  # the conversation never noticed
-    # Said when a write first fails (unless that is at the exit), and at the exit: where the messages wait.
-    said = d.err.decode().splitlines()
-    assert 1 <= len(said) <= 2 and all(line.startswith("tooltap mcp: database unavailable") for line in said)
-    assert f"wait in {spool}" in said[-1]
-    files = list(spool.iterdir())
-    assert len(files) == 1 and files[0].read_text().count('"op": "msg"') == 4
+    _said_once(d.err.decode().splitlines(), "cannot open the database postgresql+psycopg://tooltap:***@", spool)
+    assert len(list(spool.iterdir())) == 1 and _spooled(spool) == 4
 
     # The database is back (here: another one): the next wrapper adopts what waited.
     db = f"sqlite:///{tmp_path / 'tooltap.db'}"
@@ -248,6 +245,72 @@ def test_database_unreachable_spools_and_a_later_run_stores_it(tmp_path):
     msgs = recorded(db, "echo")
     for direction in ("to_server", "from_server"):
         assert [m["kind"] for m in msgs if m["direction"] == direction] == ["request", "invalid"]
+
+
+def _said_once(lines: list[str], problem: str, spool) -> None:
+    """The wrapper's own stderr lines: the problem named on one of them, when a write
+    first fails (or at the exit, when that is the first); at the exit, where the messages wait."""
+    assert 1 <= len(lines) <= 2 and all(line.startswith("tooltap mcp: ") for line in lines), lines  # no traceback
+    assert sum(problem in line for line in lines) == 1, lines
+    assert f"wait in {spool}" in lines[-1]
+
+
+def _spooled(spool) -> int:
+    """How many messages wait in the spool; none set aside as refused for good (`.failed`)."""
+    files = list(spool.iterdir())
+    assert files and not [f.name for f in files if f.name.endswith(".failed")], files
+    return sum(f.read_text().count('"op": "msg"') for f in files)
+
+
+def test_a_file_that_is_not_a_database_is_said_once_and_its_messages_wait(tmp_path):
+    """--db names a file that is not SQLite: the agent still gets its tools, byte for
+    byte; stderr says so once, in `serve`'s words, with no traceback; every message waits
+    in the spool (the database is unusable: no record is refused) and is stored by the
+    next wrapper once the file is a database."""
+    path = tmp_path / "tooltap.db"
+    path.write_bytes(b"junk\n")
+    db = f"sqlite:///{path}"
+    spool = tmp_path / "tooltap.db.mcp-spool"
+    with pytest.raises(DatabaseUnavailable) as serve_says:
+        open_database(db)
+    assert "not a SQLite database" in str(serve_says.value)
+
+    direct_out, direct_code, direct_err = _conversation(WEATHER)
+    out, code, err = _conversation(wrapped(db, *WEATHER))
+    assert (code, out) == (direct_code, direct_out)
+    assert b"Traceback" not in err and direct_err in err  # the server's stderr passed, whole
+    _said_once(err.replace(direct_err, b"").decode().splitlines(), str(serve_says.value), spool)
+    assert path.read_bytes() == b"junk\n"
+    assert _spooled(spool) == 11  # 7 to the server, 4 answers
+
+    path.unlink()
+    open_database(db).dispose()  # a real database in its place
+    assert Driven(wrapped(db, *CAT, name="drain")).finish() == 0
+    assert not list(spool.iterdir())
+    msgs = recorded(db, "weather")
+    assert [m["direction"] for m in msgs].count("to_server") == 7
+    assert "".join(m["raw"] + "\n" for m in msgs if m["direction"] == "from_server").encode() == out
+    (conn,) = with_db(db, lambda db_: read.connections(db_, "weather"))
+    assert conn["exit_code"] == 3
+
+
+# `python -m proxy` as run where the Postgres driver is not installed.
+WITHOUT_PSYCOPG = [sys.executable, "-c", "import runpy, sys; sys.modules['psycopg'] = None; "
+                   "runpy.run_module('proxy', run_name='__main__', alter_sys=True)"]
+
+
+def test_postgres_without_its_driver_says_what_to_install_and_spools(tmp_path):
+    spool = tmp_path / "spool"
+    argv = wrapped(f"postgresql+psycopg://tooltap:x@127.0.0.1:{_closed_port()}/tooltap", *CAT,
+                   name="echo", spool=str(spool))
+    assert argv[:3] == [sys.executable, "-m", "proxy"]
+    data = jsonrpc({"jsonrpc": "2.0", "id": 1, "method": "ping"}) + b"garbage\n"
+    d = Driven(WITHOUT_PSYCOPG + argv[3:])
+    d.send(data)
+    assert d.finish() == 0
+    assert bytes(d.out) == data
+    _said_once(d.err.decode().splitlines(), "Postgres needs its driver: pip install 'tooltap[postgres]'", spool)
+    assert _spooled(spool) == 4
 
 
 def test_a_locked_database_never_slows_the_relay(tmp_path):

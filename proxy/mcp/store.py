@@ -2,11 +2,13 @@
 
 The relay only calls `record()`, a queue put that never blocks; parsing, naming and the
 database all happen here. Messages reach the database within `BATCH_SECONDS`. While the
-database cannot take them (locked, down, migrating, missing its driver), they wait in
-the spool (spool.py) and are replayed, in order, once it answers; a record the database
-refuses for good is set aside in `<spool file>.failed`. Several recorders (wrapped
-servers, `tooltap serve`) share one database: every write is an insert that ignores what
-is already there, or an upsert.
+database cannot take them (locked, down, migrating, missing its driver, a file that is
+not a database), they wait in the spool (spool.py) and are replayed, in order, once it
+answers; a record the database refuses for good is set aside in `<spool file>.failed`.
+The problem is said once, in one line on stderr (a database that cannot be opened in
+`tooltap serve`'s words): it lands in the agent's log of the server. Several recorders
+(wrapped servers, `tooltap serve`) share one database: every write is an insert that
+ignores what is already there, or an upsert.
 
 A write waits up to `busy_timeout` for a locked SQLite file, in short steps, so that
 `close()` can cut the wait short: the agent waits on the wrapper's exit, and what a lock
@@ -49,9 +51,15 @@ LOCK_STEP_SECONDS = 0.05  # SQLite's own busy wait per attempt; the recorder ret
 CLOSE_WAIT_SECONDS = 0.2  # after close(), how long a lock may still hold a write up (a writer's batch)
 NAME_WAIT_SECONDS = 30.0  # how long a connection's messages wait for `initialize` to name it (npx servers, a busy machine: starts can be slow)
 NAME_WAIT_MAX = 1000
+
+
+class Unopened(Exception):
+    """The database could not be opened or migrated; the message says why, as `serve` says it."""
+
+
 # The database cannot be used for now: spool and retry. (ProgrammingError: a table
 # missing because another process is migrating.)
-UNAVAILABLE = (OperationalError, InterfaceError, ProgrammingError, OSError, ImportError)
+UNAVAILABLE = (Unopened, OperationalError, InterfaceError, ProgrammingError, OSError, ImportError)
 _STOP = object()
 
 
@@ -79,7 +87,7 @@ class Recorder:
         self.spool = McpSpool(spool_dir or default_dir(db_url))
         self.written = 0  # messages stored (tests, health)
         self.spooled = 0
-        self.problem: str | None = None  # the last reason the database was not used
+        self.problem: str | None = None  # the last reason the database was not used, as said
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._engine = None
@@ -87,7 +95,7 @@ class Recorder:
         self._give_up_at: float | None = None  # set by close(): lock waits end then
         self._inflight: list[dict] = []
         self._state = _State()
-        self._warned = False
+        self._said: str | None = None  # the problem said on stderr during the run
 
     # -- the relay's side: never blocks ---------------------------------------------------
 
@@ -138,8 +146,7 @@ class Recorder:
         if self._engine is not None:
             self._engine.dispose()
         if self.spool.pending():
-            _say(f"tooltap mcp: database unavailable ({self.problem or 'at exit'}); the messages it did not take "
-                 f"wait in {self.spool.folder}, for the next `tooltap mcp` or `tooltap serve --mcp` on it to store")
+            _say(self._left_behind())
 
     # -- the recorder thread ----------------------------------------------------------------
 
@@ -236,34 +243,35 @@ class Recorder:
 
     def _ready(self):
         if self._engine is None:
-            from ..store.db import make_engine, migrate, sqlite_path
-            from ..store.files import create_private
+            from ..store.db import DatabaseUnavailable, make_engine, open_database
 
-            path = sqlite_path(self.db_url)
-            if path is not None and path.parent.is_dir():
-                create_private(str(path))  # owner-only, as `serve` makes it: tool traffic is as private as prompts
-            engine = make_engine(self.db_url, busy_timeout=min(LOCK_STEP_SECONDS, self.busy_timeout))
+            # Opened as `serve` opens it (created owner-only: tool traffic is as private as
+            # prompts; migrated), so what makes it unusable is said in serve's words. Written
+            # through an engine of our own: its short busy wait lets close() cut a lock's wait short.
             try:
-                migrate(engine)
-            except Exception:
-                engine.dispose()
-                raise
-            self._engine = engine
+                open_database(self.db_url).dispose()
+            except DatabaseUnavailable as exc:
+                raise Unopened(str(exc)) from exc
+            self._engine = make_engine(self.db_url, busy_timeout=min(LOCK_STEP_SECONDS, self.busy_timeout))
         return self._engine
 
     def _unavailable(self, exc: BaseException) -> None:
-        from ..store.db import _cause
-
-        self.problem = _cause(exc)
+        self.problem = _problem(exc)
         self._retry_after = time.monotonic() + RETRY_SECONDS
         if self._engine is not None and isinstance(exc, ProgrammingError):
             self._engine.dispose()
             self._engine = None  # migrate again next time
         # Once (it lands in the agent's log of the server's stderr); a failure at close, close() reports.
-        if not self._warned and self._give_up_at is None:
-            self._warned = True
-            _say(f"tooltap mcp: database unavailable ({self.problem}); recording to {self.spool.folder} "
-                 "until it answers")
+        if self._said is None and self._give_up_at is None:
+            self._said = self.problem
+            _say(f"tooltap mcp: {self.problem}; recording to {self.spool.folder} until it answers")
+
+    def _left_behind(self) -> str:
+        """The exit's line on what waits in the spool; it names the problem unless that was said."""
+        problem = self.problem or "database unavailable at exit"
+        named = "" if problem == self._said else f"{problem}; "
+        return (f"tooltap mcp: {named}the messages the database did not take wait in {self.spool.folder}, "
+                "for the next `tooltap mcp` or `tooltap serve --mcp` on it to store")
 
     def _to_spool(self, ops: list[dict]) -> None:
         try:
@@ -424,6 +432,15 @@ def write_ops(db, dialect: str, ops: list[dict]) -> None:
                 index_elements=["server", "tools_hash"],
                 set_={"last_seen": stmt.excluded.last_seen, "seen": sets.c.seen + 1}))
     flush_messages()
+
+
+def _problem(exc: BaseException) -> str:
+    """Why the database was not used, in one line."""
+    if isinstance(exc, Unopened):
+        return str(exc)  # already in serve's words
+    from ..store.db import _cause
+
+    return f"database unavailable ({_cause(exc)})"
 
 
 def _locked(exc: OperationalError) -> bool:

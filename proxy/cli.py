@@ -166,8 +166,9 @@ def serve(upstreams, db_url, host, port, read_timeout, connect_timeout, spool_pa
         _check_port(host, port)
     _open_database(db_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if log_level != "debug":  # alembic says which SQL dialect it found at every start
-        logging.getLogger("alembic").setLevel(logging.WARNING)
+    if log_level != "debug":  # alembic says which SQL dialect it found at every start, and httpx
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # each request of a replay the
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # inspector runs (not a forwarded one)
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
                         connect_timeout=connect_timeout, spool_path=spool_path, ui_token=ui_token or None,
                         mcp_servers=mcp_servers, turn_header=turn_header, writers=writers)
@@ -369,7 +370,7 @@ def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
     from .store.db import make_engine
     from .store.retention import prune as run_prune
 
-    _open_database(db_url, create=False).dispose()  # checked and migrated; a missing file is an error
+    _open_database(db_url, create=False).dispose()  # checked and migrated; no store there is an error
     engine = make_engine(db_url, busy_timeout=30.0)  # waits for the writer's batch, never for long
     console = Console()
     with contextlib.ExitStack() as stack:

@@ -277,7 +277,7 @@ class Served:
         on_stop = (lambda t: setattr(app, "stop_by", t)) if isinstance(app, TooltapApp) else None
         self.server = TooltapServer(uvicorn.Config(
             app, host=host, port=port, log_level=log_level, access_log=False,
-            server_header=False, date_header=False), grace=3.0, on_stop=on_stop)
+            server_header=False, date_header=False), grace=3.0, on_stop=on_stop, announce=False)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> "Served":

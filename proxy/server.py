@@ -77,9 +77,12 @@ class TooltapServer(uvicorn.Server):
     """uvicorn's server with tooltap's stop (see the module's docstring)."""
 
     def __init__(self, config: uvicorn.Config, grace: float = DEFAULT_GRACE,
-                 on_stop: Callable[[float], None] | None = None) -> None:
+                 on_stop: Callable[[float], None] | None = None, announce: bool = True) -> None:
         super().__init__(config)
         self.grace = grace
+        # Whether the stop is logged: not for the servers a replay or the demo runs inside
+        # a process, whose log is `tooltap serve`'s or the demo's own.
+        self.say = log.info if announce else log.debug
         self.on_stop = on_stop  # told the monotonic time by which the stop must be done
         self.stop_signal: int | None = None
         self.stop_began: float | None = None
@@ -115,7 +118,7 @@ class TooltapServer(uvicorn.Server):
             self.on_stop(deadline - 0.5)  # a little left for the process to exit
         why = signal.Signals(self.stop_signal).name if self.stop_signal else "stop requested"
         state = self.server_state
-        log.info("stopping (%s): %d open request(s) get %.1f s to finish", why, len(state.tasks),
+        self.say("stopping (%s): %d open request(s) get %.1f s to finish", why, len(state.tasks),
                  max(0.0, cut_at - time.monotonic()))
 
         for server in self.servers:
@@ -142,7 +145,7 @@ class TooltapServer(uvicorn.Server):
             await asyncio.wait_for(asyncio.gather(*(s.wait_closed() for s in self.servers)), 1.0)
 
         await self.lifespan.shutdown()  # the application closes its writer within the grace
-        log.info("stopped in %.1f s", time.monotonic() - began)
+        self.say("stopped in %.1f s", time.monotonic() - began)
 
 
 def exit_now(code: int = 0) -> NoReturn:

@@ -303,3 +303,31 @@ def test_the_replay_command_a_session_page_suggests_is_safe_to_paste(tooltap, up
     assert argv[6:] == ["--db", f"sqlite:///{tooltap.db_path.resolve()}"]  # not the default database
     subprocess.run(["bash", "-c", "tooltap() { :; }; " + line], cwd=tmp_path, check=True, timeout=10)
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_the_replay_button_leaves_the_servers_log_as_it_was(upstream, tmp_path):
+    """A replay runs a fresh tooltap inside `tooltap serve`'s process: its requests and its
+    stop are not logged as if the server itself had stopped."""
+    import signal
+    import time
+
+    from tests.processes import start
+
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", words("hi there")))
+    tt = start(tmp_path, "--upstream", upstream.url)
+    try:
+        httpx.post(f"{tt.url}/chat/completions", timeout=30,
+                   json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+        deadline = time.monotonic() + 20
+        while not (sessions := httpx.get(f"{tt.url}/_tooltap/api/sessions").json()["sessions"]):
+            assert time.monotonic() < deadline, tt.output()
+            time.sleep(0.1)
+        before = tt.output()
+        started = httpx.post(f"{tt.url}/_tooltap/api/sessions/{sessions[0]['id']}/replays", headers=ACTION, timeout=60)
+        assert started.status_code == 200 and started.json()["runs"][0]["ok"] is True
+        added = tt.output()[len(before):]
+        assert "stopping" not in added and "stopped" not in added and "HTTP Request" not in added, added
+    finally:
+        tt.signal(signal.SIGINT)
+        assert tt.wait(15) == 0
+    assert tt.output().count("stopping (SIGINT)") == 1  # its own stop still is

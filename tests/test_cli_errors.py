@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import in_schema, postgres_schema
+from tests.conftest import free_port, in_schema, postgres_schema
 
 CLI = [sys.executable, "-m", "proxy"]
 
@@ -187,6 +187,26 @@ def test_a_read_command_refuses_a_database_without_tooltap_data_and_leaves_it_al
     assert_one_line_error(r, f"{db} holds no tooltap data ({found})", "give the --db that `tooltap serve` writes to")
     assert r.stderr.count("\n") == 1, r.stderr
     assert files_in(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [["serve", "--upstream", "http://127.0.0.1:9", "--port", str(free_port())],
+                                  ["import", "capture.har"]])
+def test_a_command_that_makes_the_store_refuses_another_programs_sqlite_file(tmp_path, args):
+    """serve and import make their store in a new or empty file, not among another
+    program's tables."""
+    db = tmp_path / "app.db"
+    conn = sqlite3.connect(db)
+    conn.execute("create table notes (body text)")
+    conn.commit()
+    conn.close()
+    (tmp_path / "capture.har").write_text('{"log": {"version": "1.2", "entries": []}}')
+    before = files_in(tmp_path)
+    r = run(*args, "--db", f"sqlite:///{db}", cwd=tmp_path)
+    assert_one_line_error(r, f"{db} holds another program's tables (notes)", "give tooltap a database of its own")
+    assert files_in(tmp_path) == before
+    db.unlink()
+    db.touch()  # an empty file is where a store is made
+    assert run("import", "capture.har", "--db", f"sqlite:///{db}", cwd=tmp_path).returncode == 0
 
 
 @pytest.mark.parametrize("args", READERS)

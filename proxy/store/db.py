@@ -95,8 +95,8 @@ def open_database(url: str, *, create: bool = True) -> Engine:
             except OSError as exc:
                 raise DatabaseUnavailable(f"cannot create the database {path}: {exc.strerror or exc}") from None
     try:
-        if not create:
-            require_store(url)
+        if not create or path is not None:  # (a Postgres schema may be shared on purpose)
+            require_store(url, create=create)
         engine = make_engine(url)
         migrate(engine)
     except DatabaseUnavailable:
@@ -110,10 +110,11 @@ def open_database(url: str, *, create: bool = True) -> Engine:
     return engine
 
 
-def require_store(url: str) -> None:
+def require_store(url: str, *, create: bool = False) -> None:
     """Refuse a database without a tooltap store, before anything could change it: migrating
     would add tooltap's tables to another program's file, and make_engine's pragmas would
-    turn a SQLite file to WAL. A store of an older schema passes, to be migrated forward."""
+    turn a SQLite file to WAL. A store of an older schema passes, to be migrated forward;
+    with `create`, so does an empty database, where the store is to be made."""
     path = sqlite_path(url)
     where = str(path) if path is not None else shown_url(url)
     tables, revision = _store_marks(_probe_engine(url))
@@ -121,6 +122,11 @@ def require_store(url: str) -> None:
         return
     if "turns" in tables and revision is not None:
         raise DatabaseUnavailable(f"{where} was written by a newer tooltap (schema {revision}): upgrade tooltap")
+    if create and (not tables or "turns" in tables):  # new, or a first migration cut short
+        return
+    if create:
+        raise DatabaseUnavailable(f"{where} holds another program's tables ({_some(tables)}): "
+                                  "give tooltap a database of its own")
     found = f"its tables: {_some(tables)}" if tables else "it has no tables"
     raise DatabaseUnavailable(f"{where} holds no tooltap data ({found}): "
                               "give the --db that `tooltap serve` writes to")

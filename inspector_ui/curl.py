@@ -58,7 +58,8 @@ def _needs_file(turn: dict[str, Any], text: str, body_limit: int) -> bool:
 
 
 def request_file_name(turn: dict[str, Any]) -> str:
-    return f"tooltap-turn-{turn.get('id')}-request.json"
+    kind = {"json": "json", "text": "txt"}.get(turn.get("request_encoding"), "bin")
+    return f"tooltap-turn-{turn.get('id')}-request.{kind}"
 
 
 def _quote_url(url: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 from inspector_ui.curl import as_curl
 from proxy.scripted import Reply
 
-FILE_ARG = "--data-binary @tooltap-turn-7-request.json"
+FILE_ARG = "--data-binary @tooltap-turn-7-request.txt"  # a text body: .txt
 
 
 def text_turn(body: str) -> dict:
@@ -49,7 +49,7 @@ def run_copied_command(page, tooltap, turn_id: int, cwd) -> None:
     element's textContent), fetch the body file if it names one, run it in a shell."""
     page.goto(f"{tooltap.url}/_tooltap/turns/{turn_id}")
     command = page.eval_on_selector("#curl", "e => e.textContent")
-    file = re.search(r"@(tooltap-turn-\d+-request\.json)$", command)
+    file = re.search(r"@(tooltap-turn-\d+-request\.(?:json|txt|bin))$", command)
     if file:
         (cwd / file.group(1)).write_bytes(httpx.get(f"{tooltap.url}/_tooltap/turns/{turn_id}/request").content)
     env = {k: v for k, v in os.environ.items() if k != "API_KEY"}

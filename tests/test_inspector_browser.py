@@ -113,6 +113,7 @@ def test_a_streaming_turn_appears_live_on_the_list_and_grows(tooltap, upstream, 
     sender.start()
     live = page.locator("[data-testid=live-turn]")
     live.wait_for()
+    expect(live.locator(".live-head > b")).to_have_text("streaming")
     live.locator(".live-text", has_text="word2").wait_for()  # (wait_for_function would need eval: CSP says no)
     partial = live.locator(".live-text").inner_text()
     assert "word11" not in partial  # seen while still streaming
@@ -438,3 +439,20 @@ def test_a_long_unbroken_tool_message_wraps_within_the_page(tooltap, upstream, p
     page.goto(f"{tooltap.url}/_tooltap/sessions/{sid}")
     expect(page.locator(".seg.tool-message")).to_contain_text("QUJDQUJD")
     assert page.evaluate("document.documentElement.scrollWidth") <= 1200
+
+
+def test_a_json_answer_in_flight_is_said_to_be_answering(tooltap, upstream, page):
+    """Not every turn in flight streams: a JSON answer still arriving is not called streaming."""
+    body = json.dumps({"id": "c", "object": "chat.completion", "model": "m", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}]}).encode()
+    upstream.routes["/chat/completions"] = Reply(200, [("content-type", "application/json")],
+                                                 [body[:20], body[20:]], delay=1.5)
+    page.goto(tooltap.url + "/_tooltap/")
+    wait_live(page)
+    sender = threading.Thread(target=send, args=(tooltap.url, {"model": "m", "messages": [
+        {"role": "user", "content": "no stream"}]}))
+    sender.start()
+    live = page.locator("[data-testid=live-turn]")
+    expect(live.locator(".live-head > b")).to_have_text("answering")
+    sender.join()
+    expect(live).to_have_count(0)

@@ -39,7 +39,8 @@
     const head = el("div", "live-head");
     const model = el("span", "live-model", "");
     model.dataset.testid = "live-model";
-    head.append(el("span", "pulse", "●"), el("b", null, " streaming "), sessionPart(ev.session_id), model,
+    const doing = el("b", null, ev.stream ? " streaming " : " answering ");  // a JSON answer still arriving
+    head.append(el("span", "pulse", "●"), doing, sessionPart(ev.session_id), model,
       el("code", null, ev.method + " " + ev.path), el("span", "muted", " " + ev.api + " · HTTP " + ev.http_status));
     const status = el("span", "live-state", "");
     head.append(status);

@@ -166,9 +166,9 @@ def serve(upstreams, db_url, host, port, read_timeout, connect_timeout, spool_pa
         _check_port(host, port)
     _open_database(db_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if log_level != "debug":  # alembic says which SQL dialect it found at every start, and httpx
-        logging.getLogger("alembic").setLevel(logging.WARNING)  # each request of a replay the
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # inspector runs (not a forwarded one)
+    if log_level != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # the SQL dialect it found, at every start
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # each request of a replay the inspector runs
     settings = Settings(upstreams=upstreams, db_url=normalize_db_url(db_url), read_timeout=read_timeout,
                         connect_timeout=connect_timeout, spool_path=spool_path, ui_token=ui_token or None,
                         mcp_servers=mcp_servers, turn_header=turn_header, writers=writers)

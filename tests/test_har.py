@@ -65,7 +65,10 @@ def _everything(db_url: str) -> list[dict]:
 
 def test_export_is_har_1_2_with_exact_bodies_and_capture_timings(cline, tmp_path):
     db, session_id = cline
+    (tmp_path / "s.har").write_text("an older file, readable by all")
+    (tmp_path / "s.har").chmod(0o644)
     har = _export(db, session_id, tmp_path / "s.har")
+    assert (tmp_path / "s.har").stat().st_mode & 0o777 == 0o600  # prompts: the owner's alone, as the database
     jsonschema.Draft202012Validator(SCHEMA).validate(har)
 
     entries = har["log"]["entries"]

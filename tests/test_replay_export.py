@@ -66,6 +66,8 @@ def recorded(tmp_path_factory):
             session, result = export(tooltap, base / "exported")
     assert result.exit_code == 0, result.output
     assert result.output.count("wrote ") == 2
+    # Prompts and answers: the owner's alone, as the database is.
+    assert sorted(f.stat().st_mode & 0o777 for f in (base / "exported").iterdir()) == [0o600, 0o600]
     return base / "exported"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..config import DEFAULT_DB
+from ..store.files import write_private
 from . import HarError
 
 
@@ -33,7 +34,7 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
     except UnicodeEncodeError:  # a lone surrogate a model wrote: escaped, as JSON can
         data = json.dumps(har, indent=1).encode("ascii")
     try:
-        target.write_bytes(data)
+        write_private(target, data)  # prompts and answers: the owner's alone, as the database is
     except OSError as exc:
         raise HarProblem(f"cannot write {path}: {exc.strerror or exc}") from None
     return len(har["log"]["entries"])

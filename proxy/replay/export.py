@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..store.files import write_private
 from .cassette import Cassette, find_secrets, secrets_in_text
 from .recording import turn_name
 from .upstream import CLINE_VOLATILE
@@ -49,8 +50,8 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
     try:
         directory.mkdir(exist_ok=True)
         written = [directory / cassette_name, directory / module_name]
-        written[0].write_text(cassette_text, encoding="utf-8")
-        written[1].write_text(module_text, encoding="utf-8")
+        for path, text in zip(written, (cassette_text, module_text)):  # owner-only, as the database is
+            write_private(path, text.encode("utf-8"))
     except OSError as exc:
         raise ExportError(f"cannot write into {directory}: {exc.strerror or exc}") from exc
     return written

@@ -18,3 +18,16 @@ def create_private(path: str) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         pass
+
+
+def write_private(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` (an export: a HAR, a cassette), readable by its owner only,
+    as the database is; a file that was there is overwritten and made so too."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)

@@ -7,7 +7,8 @@ from http import HTTPStatus
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -43,18 +44,33 @@ def create_inspector(tooltap, lifespan=None) -> FastAPI:
     app.include_router(mcp_pages.router, prefix="/_tooltap")
     app.mount("/_tooltap/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_exception_handler(StarletteHTTPException, _error_page)
+    app.add_exception_handler(RequestValidationError, _invalid_address)
     # Outermost: every response (pages, API, live, static, errors) gets the headers and
     # the token check.
     app.add_middleware(Guard, token=tooltap.settings.ui_token)
     return app
 
 
+def _wants_page(request: Request) -> bool:
+    path = request.url.path
+    return not path.startswith(("/_tooltap/api/", "/_tooltap/static/")) and \
+        "text/html" in request.headers.get("accept", "")
+
+
+async def _invalid_address(request: Request, exc: RequestValidationError):
+    """An address a page cannot be made of (`/turns/abc`, `?after=x`): a page saying which
+    part, for a browser; the API's detailed JSON otherwise."""
+    if not _wants_page(request):
+        return await request_validation_exception_handler(request, exc)
+    parts = "; ".join(f"{e['loc'][-1]}={e.get('input')!r}: {e['msg']}" for e in exc.errors())
+    return await _error_page(request, StarletteHTTPException(422, f"not an address of the inspector ({parts})"))
+
+
 async def _error_page(request: Request, exc: StarletteHTTPException):
     """A page's error as a page, for a browser: a JSON body there read as a broken page,
     and, having no icon, made the browser ask for /favicon.ico, which is forwarded
     upstream and recorded as a turn. The API and the static files answer as before."""
-    path = request.url.path
-    if path.startswith(("/_tooltap/api/", "/_tooltap/static/")) or "text/html" not in request.headers.get("accept", ""):
+    if not _wants_page(request):
         return await http_exception_handler(request, exc)
     from .pages import templates
 

@@ -194,6 +194,10 @@ def test_a_page_that_is_not_there_is_a_page_and_records_nothing(tooltap, upstrea
     assert tooltap.api("/sessions")["sessions"] == []  # not even a favicon, forwarded
     assert httpx.get(tooltap.url + "/_tooltap/api/sessions/gone", headers={"accept": "text/html"}).json() == {
         "detail": "no session gone"}  # the API answers JSON whoever asks
+    r = page.goto(tooltap.url + "/_tooltap/turns/<b>abc")  # not a turn id at all
+    assert r.status == 422 and r.headers["content-type"].startswith("text/html")
+    assert "turn_id='<b>abc'" in page.locator("main").inner_text() and page.locator("main b").count() == 0
+    assert httpx.get(tooltap.url + "/_tooltap/api/turns/abc").json()["detail"][0]["type"] == "int_parsing"
 
 
 def test_ui_token_refuses_page_api_and_live_without_it(make_tooltap, upstream, page):

@@ -177,6 +177,15 @@ def test_search_finds_a_tool_argument(tooltap, upstream, page):
     rows = page.locator("tr[data-session]")
     assert rows.count() == 1
     assert "华盛顿明天天气如何？" in rows.inner_text() and "tool arguments" in rows.inner_text()
+    # From a page without the search box, "/" goes to it.
+    rows.locator("a").first.click()
+    page.wait_for_url("**/_tooltap/sessions/**")
+    page.keyboard.press("/")
+    page.wait_for_url("**/_tooltap/#search")
+    page.keyboard.type("unrelated")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**q=unrelated**")
+    assert page.locator("tr[data-session]").count() == 1
 
 
 def test_a_page_that_is_not_there_is_a_page_and_records_nothing(tooltap, upstream, page):

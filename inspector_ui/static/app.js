@@ -52,6 +52,7 @@
       case "/": {
         const s = document.getElementById("search");
         if (s) { e.preventDefault(); s.focus(); s.select(); }
+        else window.location.href = "/_tooltap/#search";  // search is on the sessions page
         break;
       }
       case "?": if (help) help.hidden = !help.hidden; break;
@@ -59,6 +60,11 @@
       default: return;
     }
   });
+
+  if (location.hash === "#search") {  // come from "/" on another page
+    const s = document.getElementById("search");
+    if (s) s.focus();
+  }
 
   document.addEventListener("click", (e) => {
     const btn = e.target.closest("button.copy");

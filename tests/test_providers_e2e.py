@@ -96,6 +96,32 @@ def test_openai_responses_stream(tooltap, upstream):
     assert turn["request"]["input"] == "find tooltap"
 
 
+def test_openai_responses_with_a_string_input_is_a_conversation(tooltap, upstream):
+    """`input="..."`, the SDK's commonest call, is one user message: its own session, named
+    by it and found by search (it went to the day's "requests without a conversation"),
+    while the request is kept as sent, the tools stored as tool sets."""
+    answer = {"id": "resp_2", "object": "response", "created_at": 1, "model": "gpt-test", "status": "completed",
+              "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                          "content": [{"type": "output_text", "text": "High tide at 6.", "annotations": []}]}]}
+    upstream.routes["/v1/responses"] = Reply.json(answer)
+    client = openai.OpenAI(base_url=f"{tooltap.url}/v1", api_key="sk-test-0123456789abcdef")
+    tool = {"type": "function", "name": "tide_table", "parameters": {"type": "object", "properties": {}}}
+    for question in ("When is high tide in Brest?", "Is the moon full tonight?"):
+        client.responses.create(model="gpt-test", input=question, instructions="Be brief.", tools=[tool])
+    tooltap.flush()
+    sessions = tooltap.api("/sessions")["sessions"]
+    assert sorted(s["title"] for s in sessions) == ["Is the moon full tonight?", "When is high tide in Brest?"]
+    brest = next(s for s in sessions if "Brest" in s["title"])
+    (t,) = tooltap.api(f"/sessions/{brest['id']}")["turns"]
+    turn = tooltap.api(f"/turns/{t['id']}")
+    assert turn["request"]["input"] == "When is high tide in Brest?"  # as sent, not as a list
+    assert turn["request"]["instructions"] == "Be brief." and turn["request"]["tools"] == [tool]
+    found = httpx.get(f"{tooltap.url}/_tooltap/api/search", params={"q": "tide Brest"}).json()["sessions"]
+    assert [s["id"] for s in found] == [brest["id"]]
+    page = httpx.get(f"{tooltap.url}/_tooltap/sessions/{brest['id']}").text
+    assert "When is high tide in Brest?" in page and "High tide at 6." in page
+
+
 def test_gemini_stream_with_key_in_query(tooltap, upstream):
     chunks = [
         {"candidates": [{"content": {"role": "model", "parts": [{"text": "Checking "}]}, "index": 0}],

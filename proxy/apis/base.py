@@ -110,6 +110,11 @@ class WireAPIBase:
     def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None:
         return (response or {}).get("model") or request.get("model")
 
+    def short_input(self, value: Any) -> list[dict[str, Any]] | None:
+        """The conversation a request's messages field holds in a short form (not a list),
+        or None: as the API reads it, for threading and search; the body keeps the form."""
+        return None
+
 
 class WireAPI(Protocol):
     name: str  # "openai.chat", "openai.responses", "anthropic.messages", "gemini"
@@ -126,6 +131,8 @@ class WireAPI(Protocol):
     def usage(self, response: dict[str, Any]) -> dict[str, Any] | None: ...
 
     def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None: ...
+
+    def short_input(self, value: Any) -> list[dict[str, Any]] | None: ...
 
     def text(self, response: dict[str, Any]) -> str:
         """The answer's visible text (first choice), for live views."""

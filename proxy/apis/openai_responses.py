@@ -189,6 +189,10 @@ class OpenAIResponses(WireAPIBase):
     keys = RequestKeys(messages="input", system="instructions", tools="tools")
     assembler = ResponsesAssembler
 
+    def short_input(self, value: Any) -> list[dict[str, Any]] | None:
+        # `input: "text"`, the SDK's commonest call, is one user message.
+        return [{"role": "user", "content": value}] if isinstance(value, str) else None
+
     def closes(self, event: Event) -> bool:
         return event.event in _FINAL
 

@@ -253,12 +253,16 @@ class Ingestor:
         request (requests.py) keep the hashes worked out for it."""
         keys = api.keys if api else None
         messages = request.get(keys.messages) if keys else None
+        short = api.short_input(messages) if keys else None  # threaded as the list it stands for
+        if short is not None:
+            messages = short
         if not isinstance(messages, list):
             turn.request_skeleton = request
             return []
         base, reused = parsed.base, parsed.reused
         skeleton = dict(request)
-        skeleton[keys.messages] = None
+        if short is None:  # kept in the skeleton as sent when short; else rebuilt from the chain
+            skeleton[keys.messages] = None
         lead = 0
         if keys.system:
             system = request.get(keys.system)

@@ -225,16 +225,19 @@ def rebuild_request(db: DB, t: Turn, blob: Callable[[str], Any]) -> Any:
         return content.inflate(t.request_raw).decode("utf-8", "replace")
     body = dict(t.request_skeleton) if isinstance(t.request_skeleton, dict) else t.request_skeleton
     api = apis.by_name(t.api)
-    if not isinstance(body, dict) or api is None or body.get(api.keys.messages, 0) is not None:
+    if not isinstance(body, dict) or api is None:
+        return body
+    given = body.get(api.keys.messages, 0)
+    if given is not None and api.short_input(given) is None:
         return body  # not a conversation: stored whole
-    messages = [] if t.chain_hash is None else [
-        blob(r[0]) for r in db.exec(CHAIN_QUERY, params={"h": t.chain_hash})]
+    if given is None:  # the messages walked up the chain (a short form stays in the skeleton as sent)
+        body[api.keys.messages] = [] if t.chain_hash is None else [
+            blob(r[0]) for r in db.exec(CHAIN_QUERY, params={"h": t.chain_hash})]
     if t.system_hash is not None:
         if api.keys.system:
             body[api.keys.system] = blob(t.system_hash)
         else:  # OpenAI Chat: the leading system messages (none if a damaged store lost them)
-            messages = (blob(t.system_hash) or []) + messages
-    body[api.keys.messages] = messages
+            body[api.keys.messages] = (blob(t.system_hash) or []) + body[api.keys.messages]
     if t.tools_hash is not None:
         body[api.keys.tools] = blob(t.tools_hash)
     return body

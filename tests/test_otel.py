@@ -208,7 +208,7 @@ def test_export_errors_are_one_line(tmp_path_factory, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     down = runner.invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", dead])
     assert down.exit_code == 2 and len(down.output.strip().splitlines()) == 1
-    assert f"the collector at {dead}/v1/traces did not take the spans" in down.output
+    assert f"no collector answers at {dead}/v1/traces (Connection refused): start it" in down.output
     unknown = runner.invoke(main, ["otel", "export", "nope", "--db", str(db), "--otlp-endpoint", dead])
     assert unknown.exit_code == 2 and "no session 'nope'" in unknown.output
     no_db = runner.invoke(main, ["otel", "export", "--db", str(tmp_path / "none.db"), "--otlp-endpoint", dead])

@@ -89,6 +89,7 @@ def send(records: Iterable[SpanRecord], url: str) -> int:
     exporter's own reason) when the collector does not take them."""
     from opentelemetry.sdk.trace.export import SpanExportResult
 
+    _reachable(url)
     converter, exp = Converter(), exporter(url)
     heard = _Heard()
     otel_log = logging.getLogger("opentelemetry")
@@ -109,6 +110,21 @@ def send(records: Iterable[SpanRecord], url: str) -> int:
         otel_log.removeHandler(heard)
         otel_log.propagate = propagate
     return sent
+
+
+def _reachable(url: str) -> None:
+    """A collector that is not there said at once, and why: the exporter retries for
+    seconds, then names no cause ("timeout, max retries or shutdown")."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=EXPORT_TIMEOUT).close()
+    except OSError as exc:
+        raise ExportFailed(f"no collector answers at {url} ({exc.strerror or exc}): start it, or give the "
+                           "--otlp-endpoint it listens on") from None
 
 
 def _send(exp, batch: list, url: str, heard: "_Heard", success) -> int:

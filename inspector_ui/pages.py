@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import date
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -32,8 +33,18 @@ _env.filters["pretty"] = transcript.pretty
 _env.filters["clip"] = clip
 _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")
 _env.globals["urlencode"] = urlencode
-# A date input given a value it cannot hold warns in the browser's console; the page says it.
-_env.filters["as_date"] = lambda v: v if re.fullmatch(r"\d{4}-\d{2}-\d{2}", v or "") else ""
+
+
+def as_date(value: str | None) -> str:
+    """A value a date input can hold, else "": one it cannot hold warns in the browser's
+    console (the page names the bad date itself)."""
+    try:
+        return value if re.fullmatch(r"\d{4}-\d{2}-\d{2}", value or "") and date.fromisoformat(value) else ""
+    except ValueError:  # 2026-13-45
+        return ""
+
+
+_env.filters["as_date"] = as_date
 
 
 def when(value) -> Markup | str:

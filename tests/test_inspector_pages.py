@@ -531,6 +531,7 @@ def test_a_date_that_does_not_parse_is_named_and_not_applied(tooltap, upstream):
     html = get(tooltap, "/_tooltap/", params={"since": "abc"}).text
     assert "no date since=&#39;abc&#39; (not applied): use YYYY-MM-DD" in html and f'data-session="{sid}"' in html
     assert '<input type="date" name="since" value="">' in html  # a date input cannot hold it
+    assert '<input type="date" name="until" value="">' in get(tooltap, "/_tooltap/", params={"until": "2026-13-45"}).text
     assert '<input type="date" name="since" value="2026-01-31">' in get(
         tooltap, "/_tooltap/", params={"since": "2026-01-31"}).text
     r = get(tooltap, "/_tooltap/api/search", params={"until": "2026-13-45", "status": "bogus"}).json()

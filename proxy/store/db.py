@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from pathlib import Path
@@ -156,10 +157,11 @@ def _store_marks(engine: Engine) -> tuple[set[str], str | None]:
         engine.dispose()
 
 
-def _revisions() -> set[str]:
+@functools.cache  # (each open would read the migration scripts again: 6 ms)
+def _revisions() -> frozenset[str]:
     """tooltap's migrations: another program's alembic_version may name revisions too."""
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    return {rev.revision for rev in script.walk_revisions()}
+    return frozenset(rev.revision for rev in script.walk_revisions())
 
 
 def _some(names: set[str], most: int = 3) -> str:

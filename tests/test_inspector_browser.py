@@ -390,12 +390,17 @@ def test_a_streaming_turn_of_the_open_session_says_so(tooltap, upstream, page):
     upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m2", words("more words, slowly")), delay=0.2)
     second = {**first, "messages": first["messages"] + [
         {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]}
-    sender = threading.Thread(target=send_in, args=(tooltap.url, second, "s-1"))
-    sender.start()
+    others = {"model": "m2", "stream": True, "messages": [{"role": "user", "content": "not mine"}]}
+    senders = [threading.Thread(target=send_in, args=(tooltap.url, second, "s-1")),
+               threading.Thread(target=send_in, args=(tooltap.url, others, "s-2"))]  # another's: not shown here
+    for s in senders:
+        s.start()
     box = page.locator("#in-flight [data-testid=live-turn]")
     expect(box.locator("[data-testid=live-session]")).to_have_text("in this session ")
     expect(box.locator("[data-testid=live-model]")).to_have_text("model m2 · ")
-    sender.join()
+    expect(box).to_have_count(1)
+    for s in senders:
+        s.join()
     expect(page.locator("article.turn")).to_have_count(2)
     assert errors == []
 

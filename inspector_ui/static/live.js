@@ -33,6 +33,8 @@
   }
 
   function started(ev) {
+    // A session's page shows its own turns in flight, and those the writer has yet to place.
+    if (sessionId && ev.session_id && ev.session_id !== sessionId) return;
     const box = el("div", "live-turn");
     box.dataset.liveId = ev.live_id;
     box.dataset.testid = "live-turn";

@@ -316,6 +316,9 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
             pass
     with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
         click.echo("tooltap demo: stopped")
+    from .server import exit_now
+
+    exit_now(0)  # cleaned up: as serve ends, without the interpreter's teardown (a second, interruptible)
 
 
 @main.command(short_help="Decode every stored session again (after an upgrade).")

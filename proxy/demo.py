@@ -381,8 +381,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def stopped_by_signals() -> Iterator[None]:
     """SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does, by raising
     KeyboardInterrupt, so its servers, its writer process and its temporary folder are
-    cleaned up; further signals are ignored while that runs."""
+    cleaned up; further signals are ignored from then on, to the process's end: one that
+    raised again while the interpreter unwound would end it as killed by SIGINT."""
+    stopping = False
+
     def stop(_sig, _frame):
+        nonlocal stopping
+        stopping = True
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
@@ -391,5 +396,6 @@ def stopped_by_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if not stopping:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import date
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -22,7 +21,7 @@ from .api import writer_health
 from .curl import as_curl, request_file_name
 from .longtext import clip, whole
 from proxy.store.read import request_bytes, shown_time
-from .queries import TURN_STATUSES, Filters
+from .queries import TURN_STATUSES, Filters, day
 from .rawview import raw_view
 
 router = APIRouter()
@@ -38,10 +37,7 @@ _env.globals["urlencode"] = urlencode
 def as_date(value: str | None) -> str:
     """A value a date input can hold, else "": one it cannot hold warns in the browser's
     console (the page names the bad date itself)."""
-    try:
-        return value if re.fullmatch(r"\d{4}-\d{2}-\d{2}", value or "") and date.fromisoformat(value) else ""
-    except ValueError:  # 2026-13-45
-        return ""
+    return value if re.fullmatch(r"\d{4}-\d{2}-\d{2}", value or "") and day(value) is not None else ""
 
 
 _env.filters["as_date"] = as_date

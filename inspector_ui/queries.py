@@ -103,7 +103,8 @@ def decode_cursor(cursor: str) -> tuple[float, str] | None:
         return None
 
 
-def _day(value: str, end: bool = False) -> float | None:
+def day(value: str, end: bool = False) -> float | None:
+    """The start (or `end`) of a YYYY-MM-DD day as a timestamp, None when there is no such day."""
     try:
         d = datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=timezone.utc)
     except ValueError:
@@ -145,7 +146,7 @@ class Queries:
             if f.status and f.status not in STATUS_FILTERS:
                 notes.append(f"no status {f.status!r} (not applied): use {', '.join(STATUS_FILTERS)}")
             for name, value in (("since", f.since), ("until", f.until)):
-                if value and _day(value) is None:  # _conditions leaves it out
+                if value and day(value) is None:  # _conditions leaves it out
                     notes.append(f"no date {name}={value!r} (not applied): use YYYY-MM-DD, such as 2026-01-31")
             note = "; ".join(notes) or None
             return Page([{**session_json(s), "last_status": last.get(s.id)} for s in rows], nxt, note, matched)
@@ -174,9 +175,9 @@ class Queries:
             out.append(Session.errors == 0)
         elif f.status in TURN_STATUSES:  # a session with a turn of that status
             out.append(exists(select(Turn.id).where(Turn.session_id == Session.id, Turn.status == f.status)))
-        if f.since and (t := _day(f.since)) is not None:
+        if f.since and (t := day(f.since)) is not None:
             out.append(Session.last_at >= t)
-        if f.until and (t := _day(f.until, end=True)) is not None:
+        if f.until and (t := day(f.until, end=True)) is not None:
             out.append(Session.started_at < t)
         if f.tool or f.server:
             call = select(ToolCallRow.id).join(Turn, Turn.id == ToolCallRow.turn_id).where(

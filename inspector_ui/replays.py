@@ -47,8 +47,7 @@ def session_exists(request: Request, session_id: str) -> bool:
 def session_runs(request: Request, session_id: str) -> list[dict]:
     """The session's runs, newest first, each with the verdict its page gives it."""
     engine = _engine(request)
-    return [{**r, "verdict": run_view(runs.run(engine, r["id"]))["verdict"]}
-            for r in runs.runs_of_session(engine, session_id)]
+    return [{**r, "verdict": verdict(runs.run(engine, r["id"]))} for r in runs.runs_of_session(engine, session_id)]
 
 
 def replay_command(request: Request, session_id: str) -> str:
@@ -163,24 +162,43 @@ def run_view(r: dict, numbers: dict[int, int] | None = None) -> dict:
     `numbers` (turn id -> place in the session) names the turns as the session page does."""
     numbers = numbers or {}
     report = r.get("report") or {}
-    view = {**r, "settings": [], "turn_views": None, "providers": None, "report_json": None,
-            "verdict": "identical" if r.get("ok") else "differs"}
-    turns = report.get("turns") if isinstance(report, dict) else None
-    if isinstance(turns, list) and all(isinstance(t, dict) and "turn_id" in t for t in turns):
+    view = {**r, "settings": [], "turn_views": None, "providers": None, "report_json": None, "verdict": verdict(r)}
+    turns = _turns(report)
+    if turns is not None:
         settings = report.get("settings") or {}
         views = [turn_view(t, numbers) for t in turns]
         compared = [t for t in views if not t["skipped"]]
-        word = same_word(settings)
-        verdict = word if r.get("ok") and compared else "differs" if compared else "nothing compared"
-        return {**view, "settings": settings_words(settings), "turn_views": views, "verdict": verdict, "word": word,
+        return {**view, "settings": settings_words(settings), "turn_views": views, "word": same_word(settings),
                 "same": sum(1 for t in compared if t["ok"]), "skipped": len(views) - len(compared)}
-    providers = report.get("providers") if isinstance(report, dict) else None
-    if isinstance(providers, list) and all(isinstance(p, dict) for p in providers):
-        # Converters accept or reject calls: nothing is compared for sameness.
-        return {**view, "verdict": "every call accepted" if r.get("ok") else "calls rejected",
-                "providers": [_provider(p, numbers) for p in providers],
+    providers = _providers(report)
+    if providers is not None:
+        return {**view, "providers": [_provider(p, numbers) for p in providers],
                 "unmatched": report.get("unmatched_calls") or [], "errors": report.get("errors") or []}
     return {**view, "report_json": pretty(report)}
+
+
+def verdict(r: dict) -> str:
+    """A run's word for itself, on its page and in its session's list of runs."""
+    report = r.get("report") or {}
+    turns = _turns(report)
+    if turns is not None:
+        compared = any(t.get("note") is None for t in turns)  # a turn with a note was skipped
+        return same_word(report.get("settings") or {}) if r.get("ok") and compared else \
+            "differs" if compared else "nothing compared"
+    if _providers(report) is not None:  # converters accept or reject calls: nothing is compared for sameness
+        return "every call accepted" if r.get("ok") else "calls rejected"
+    return "identical" if r.get("ok") else "differs"
+
+
+def _turns(report) -> list[dict] | None:
+    turns = report.get("turns") if isinstance(report, dict) else None
+    ok = isinstance(turns, list) and all(isinstance(t, dict) and "turn_id" in t for t in turns)
+    return turns if ok else None
+
+
+def _providers(report) -> list[dict] | None:
+    providers = report.get("providers") if isinstance(report, dict) else None
+    return providers if isinstance(providers, list) and all(isinstance(p, dict) for p in providers) else None
 
 
 def _provider(p: dict, numbers: dict[int, int]) -> dict:

@@ -243,16 +243,15 @@ class Recorder:
 
     def _ready(self):
         if self._engine is None:
-            from ..store.db import DatabaseUnavailable, make_engine, open_database
+            from ..store.db import DatabaseUnavailable, open_database
 
             # Opened as `serve` opens it (created owner-only: tool traffic is as private as
-            # prompts; migrated), so what makes it unusable is said in serve's words. Written
-            # through an engine of our own: its short busy wait lets close() cut a lock's wait short.
+            # prompts; migrated), so what makes it unusable is said in serve's words. Its short
+            # busy wait lets close() cut a lock's wait short (_commit retries up to busy_timeout).
             try:
-                open_database(self.db_url).dispose()
+                self._engine = open_database(self.db_url, busy_timeout=min(LOCK_STEP_SECONDS, self.busy_timeout))
             except DatabaseUnavailable as exc:
                 raise Unopened(str(exc)) from exc
-            self._engine = make_engine(self.db_url, busy_timeout=min(LOCK_STEP_SECONDS, self.busy_timeout))
         return self._engine
 
     def _unavailable(self, exc: BaseException) -> None:

@@ -68,7 +68,7 @@ def sqlite_path(url: str) -> Path | None:
     return None
 
 
-def open_database(url: str, *, create: bool = True) -> Engine:
+def open_database(url: str, *, create: bool = True, busy_timeout: float = 2.0) -> Engine:
     """An engine on a database that works, migrated to the newest schema.
 
     Every way this can fail becomes a DatabaseUnavailable with one clear line: an unknown
@@ -98,7 +98,7 @@ def open_database(url: str, *, create: bool = True) -> Engine:
     try:
         if not create or path is not None:  # (a Postgres schema may be shared on purpose)
             require_store(url, create=create)
-        engine = make_engine(url)
+        engine = make_engine(url, busy_timeout=busy_timeout)
         migrate(engine)
     except DatabaseUnavailable:
         raise

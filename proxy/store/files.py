@@ -23,11 +23,6 @@ def create_private(path: str) -> None:
 def write_private(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` (an export: a HAR, a cassette), readable by its owner only,
     as the database is; a file that was there is overwritten and made so too."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+    with open(path, "wb", opener=private) as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data)

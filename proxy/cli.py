@@ -116,7 +116,8 @@ def _secret_names(ctx, param, values):
               help="Database URL (sqlite:///FILE or postgresql+psycopg://...).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; one that is not loopback needs --ui-token.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="Port the agents and the inspector connect to.")
 @click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds to wait for each upstream read; slow models think before they speak.")
 @click.option("--connect-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),

@@ -124,7 +124,8 @@ def _pair(w: _Turn, child: _Turn | None, header_uids: dict[str, str]) -> None:
         results = {c.key: pairing.missing() for c in native + text}
         matched = {}
     else:
-        results, matched = pairing.pair(len(w.view.messages), child.view.messages, native + text)
+        history = len(w.view.messages) if child.view.resends_history else 0
+        results, matched = pairing.pair(history, child.view.messages, native + text)
     for (kind, index), res in results.items():
         target = w.calls[index] if kind == "call" else w.text_calls[index]
         target["result"] = res

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from .. import apis
 from . import offered, transcript
 from .base import TurnInput
 
@@ -29,6 +30,13 @@ class TurnView:
     @cached_property
     def messages(self) -> list[transcript.Message]:
         return self._memo("messages", lambda: transcript.messages(self.turn.api, self.turn.request))
+
+    @cached_property
+    def resends_history(self) -> bool:
+        """Whether the request repeats the conversation before it, as most do; one that
+        continues an earlier answer by reference (Responses) sends only what is new."""
+        api = apis.by_name(self.turn.api)
+        return api is None or not isinstance(self.turn.request, dict) or not api.continues(self.turn.request)
 
     @cached_property
     def tools(self) -> dict[str, dict[str, Any]] | None:

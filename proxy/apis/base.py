@@ -115,6 +115,15 @@ class WireAPIBase:
         or None: as the API reads it, for threading and search; the body keeps the form."""
         return None
 
+    def continues(self, request: dict[str, Any]) -> str | None:
+        """The id of the earlier answer a request continues by reference, sending only
+        what is new (Responses `previous_response_id`); None when it resends its history."""
+        return None
+
+    def response_id(self, response: Any) -> str | None:
+        """The id a later request names to continue from this answer (see `continues`)."""
+        return None
+
 
 class WireAPI(Protocol):
     name: str  # "openai.chat", "openai.responses", "anthropic.messages", "gemini"
@@ -133,6 +142,10 @@ class WireAPI(Protocol):
     def model(self, request: dict[str, Any], response: dict[str, Any] | None) -> str | None: ...
 
     def short_input(self, value: Any) -> list[dict[str, Any]] | None: ...
+
+    def continues(self, request: dict[str, Any]) -> str | None: ...
+
+    def response_id(self, response: Any) -> str | None: ...
 
     def text(self, response: dict[str, Any]) -> str:
         """The answer's visible text (first choice), for live views."""

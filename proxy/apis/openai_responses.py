@@ -193,6 +193,15 @@ class OpenAIResponses(WireAPIBase):
         # `input: "text"`, the SDK's commonest call, is one user message.
         return [{"role": "user", "content": value}] if isinstance(value, str) else None
 
+    def continues(self, request: dict[str, Any]) -> str | None:
+        # The server holds the conversation so far; the request carries only what is new.
+        previous = request.get("previous_response_id")
+        return previous if isinstance(previous, str) and previous else None
+
+    def response_id(self, response: Any) -> str | None:
+        rid = response.get("id") if isinstance(response, dict) else None
+        return rid if isinstance(rid, str) and rid else None
+
     def closes(self, event: Event) -> bool:
         return event.event in _FINAL
 

@@ -37,7 +37,7 @@ from .models import Blob, ChainNode, Session, ToolCallRow, Turn
 from .one_statement import OneStatement
 from .readable import reply_text
 from .requests import Parsed, Prefix, Requests
-from .sessions import OTHER_PREFIX, OTHER_TITLE, Placer, adoptable, chain_root, lock_key, session_key
+from .sessions import OTHER_PREFIX, OTHER_TITLE, Ask, Placer, adoptable, chain_root, lock_key, session_key
 
 TITLE_MAX = 200
 KNOWN_MAX = 500_000  # blob and chain hashes remembered as written (~40 MB at most)
@@ -83,6 +83,7 @@ class Ingested:
     hashes: list[str] = field(default_factory=list)  # the chain's message hashes
     hint: str | None = None  # the session the client named (X-Tooltap-Session)
     title: str | None = None
+    continues: str | None = None  # the answer it continues by reference (apis.base.continues)
     new_session: bool = False
     adopted: list[int] = field(default_factory=list)  # stored turns it became the parent of
     prefix: Prefix | None = None  # this request, as later requests may reuse it (requests.py)
@@ -195,11 +196,14 @@ class Ingestor:
             request = None
 
         hashes: list[str] = []
+        continues = api.continues(request) if api is not None and request is not None else None
         if request is not None:
             turn.model = ((api.model(request, response) if api else None) or request.get("model")
                           or _model_in_path(rec.path))
-            hashes = self._split_request(turn, request, api, parsed)
-        root = chain_root(rec.api, rec.upstream)
+            hashes = self._split_request(turn, request, api, parsed, continues)
+        if api is not None:
+            turn.response_id = api.response_id(response)
+        root = chain_root(rec.api, rec.upstream, continues)
         base, prefix, known = parsed.base, parsed.prefix, ()
         if base is not None and prefix is not None and base.root == root and base.lead == prefix.lead:
             known = base.chain[:max(0, parsed.reused - prefix.lead)]
@@ -218,7 +222,8 @@ class Ingestor:
         turn.tool_call_count = len(calls)
         hint = session_key(rec.session_hint)
         title = first_user_text(request)
-        item = Ingested(turn, request, response, [_call_row(call) for call in calls], chain, hashes, hint, title)
+        item = Ingested(turn, request, response, [_call_row(call) for call in calls], chain, hashes, hint, title,
+                        continues)
         if parsed.prefix is not None and request is not None:
             item.prefix, item.base, item.reused = parsed.prefix, parsed.base, parsed.reused
             self._requests.keep(parsed)
@@ -246,7 +251,7 @@ class Ingestor:
             return None, f"response body: {problem} (kept raw)"
         return parsed, None
 
-    def _split_request(self, turn: NewTurn, request: dict, api, parsed: Parsed) -> list[str]:
+    def _split_request(self, turn: NewTurn, request: dict, api, parsed: Parsed, continues: str | None) -> list[str]:
         """Move messages, tools and system prompt into blobs; keep the rest as the skeleton.
         Returns the hashes of the conversation's messages (the system prompt apart: a
         changed system prompt is the same conversation). Messages taken from an earlier
@@ -261,7 +266,10 @@ class Ingestor:
             return []
         base, reused = parsed.base, parsed.reused
         skeleton = dict(request)
-        if short is None:  # kept in the skeleton as sent when short; else rebuilt from the chain
+        if short is None and not continues:
+            # Rebuilt from the chain. Kept in the skeleton as sent: a short form, and the
+            # new messages of a request that continues an answer (its chain reads on up
+            # through the parent's).
             skeleton[keys.messages] = None
         lead = 0
         if keys.system:
@@ -327,16 +335,18 @@ class Ingestor:
         search.index_messages(conn, self.dialect, messages)
 
         placer = Placer(conn, self.dialect)
-        placements = placer.place_all([(it.chain, it.hint) for it in items])
+        placements = placer.place_all([Ask(it.chain, it.hint, it.continues, it.turn.response_id) for it in items])
         nodes: dict[str, dict] = {}
         for it, placement in zip(items, placements):
             it.turn.session_id, it.turn.parent_id = placement.session_id, placement.parent_id
+            it.turn.message_count += placement.offset  # its depth in the conversation
             it.new_session = placement.new_session
             for i in range(placement.known_depth, len(it.chain)):  # the nodes above are stored
                 h = it.chain[i]
                 if h not in self._known and h not in placer.nodes and h not in nodes:
-                    nodes[h] = {"hash": h, "parent": it.chain[i - 1] if i else None,
-                                "message_hash": it.hashes[i], "depth": i + 1, "session_id": placement.session_id}
+                    nodes[h] = {"hash": h, "parent": it.chain[i - 1] if i else placement.base,
+                                "message_hash": it.hashes[i], "depth": placement.offset + i + 1,
+                                "session_id": placement.session_id}
         if nodes:
             conn.execute(self._node_stmt, [nodes[h] for h in sorted(nodes)])
             self._remember(nodes)
@@ -356,7 +366,7 @@ class Ingestor:
         adopted = []
         for it, placement in zip(items, placements):
             if placement.adopt:
-                it.adopted = adoptable(conn, it.chain[-1], placement.session_id, len(it.chain))
+                it.adopted = adoptable(conn, it.chain[-1], placement.session_id, placement.offset + len(it.chain))
                 adopted += [{"turn": child, "parent": it.turn.id} for child in it.adopted]
         if adopted:
             conn.execute(self._parent_stmt, adopted)

@@ -228,9 +228,10 @@ def rebuild_request(db: DB, t: Turn, blob: Callable[[str], Any]) -> Any:
     if not isinstance(body, dict) or api is None:
         return body
     given = body.get(api.keys.messages, 0)
-    if given is not None and api.short_input(given) is None:
+    if given is not None and api.short_input(given) is None and not api.continues(body):
         return body  # not a conversation: stored whole
-    if given is None:  # the messages walked up the chain (a short form stays in the skeleton as sent)
+    if given is None:  # the messages walked up the chain (a short form, or what a request
+        # continuing an earlier answer sent, stays in the skeleton as sent)
         body[api.keys.messages] = [] if t.chain_hash is None else [
             blob(r[0]) for r in db.exec(CHAIN_QUERY, params={"h": t.chain_hash})]
     if t.system_hash is not None:

@@ -10,6 +10,12 @@ and a task whose system prompt changes (new MCP servers, new rules) stays one se
 The chain starts from the wire API and the upstream: an Anthropic and an OpenAI
 conversation that open with the same words are two sessions, not one.
 
+A request that continues an earlier answer by reference (Responses
+`previous_response_id`) sends only what is new. Its chain starts from that answer's id,
+and its parent is the turn that gave the answer, found by the id: it joins the parent's
+session, and its first chain node hangs below the parent's last, so the conversation
+reads whole up the chain while the request is kept as sent.
+
 Several writers may share the database (tooltap instances behind one address), and
 consecutive turns of a conversation may reach different ones and be stored in any
 order. So the answer must not depend on that order: a new session's id derives from its
@@ -38,6 +44,16 @@ PROBE = 16  # chain depths looked up per turn in the batch's one query (Cline ad
 
 
 @dataclass
+class Ask:
+    """What placing a turn needs to know of it."""
+
+    chain: list[str]
+    hint: str | None = None  # the session the client named (X-Tooltap-Session)
+    continues: str | None = None  # the id of the answer it continues by reference
+    answer: str | None = None  # its own answer's id
+
+
+@dataclass
 class Placement:
     session_id: str
     parent_id: int | None = None  # a stored turn
@@ -46,6 +62,10 @@ class Placement:
     new_session: bool = False
     adopt: bool = False  # its whole chain was known: later turns may be waiting for it
     known_depth: int = 0  # its chain's first nodes that are stored, or new in this batch already
+    # Continued by reference: its chain hangs below `base` (the parent's last chain hash),
+    # `offset` messages deep.
+    base: str | None = None
+    offset: int = 0
 
 
 def session_key(hint: str | None) -> str | None:
@@ -59,9 +79,11 @@ def session_key(hint: str | None) -> str | None:
     return "h-" + digest(hint.encode("utf-8", "surrogateescape"))
 
 
-def chain_root(api: str, upstream: str) -> str:
-    """Where a request's message chain starts: its wire API and upstream."""
-    return digest(f"{api}\n{upstream}".encode("utf-8", "surrogateescape"))
+def chain_root(api: str, upstream: str, continues: str | None = None) -> str:
+    """Where a request's message chain starts: its wire API and upstream, and the answer
+    it continues by reference, if it does."""
+    after = f"\ncontinues {continues}" if continues else ""
+    return digest(f"{api}\n{upstream}{after}".encode("utf-8", "surrogateescape"))
 
 
 def new_session_id(chain: list[str]) -> str:
@@ -90,6 +112,8 @@ class Placer:
         cond = "= ANY(:hashes)" if self.postgres else "IN (SELECT value FROM json_each(:hashes))"
         self._nodes_sql = text(f"SELECT hash, session_id, depth FROM chain_nodes WHERE hash {cond}")
         self._turns_sql = text(f"SELECT id, session_id, chain_hash, message_count FROM turns WHERE chain_hash {cond}")
+        self._answers_sql = text("SELECT response_id, id, session_id, chain_hash, message_count FROM turns "
+                                 f"WHERE response_id {cond} AND chain_hash IS NOT NULL ORDER BY id")
 
     def _list(self, hashes) -> object:
         if self.postgres:
@@ -110,46 +134,70 @@ class Placer:
                 found[chain_hash].append((turn_id, session_id))
         return found
 
-    def place_all(self, requests: list[tuple[list[str], str | None]]) -> list[Placement]:
-        """(chain, session hint) per turn, in arrival order -> where each goes."""
+    def _answers(self, ids) -> dict[str, tuple[None, int, str, str, int]]:
+        """Stored turns by their answer's id (the newest, should two share one)."""
+        if not ids:
+            return {}
+        rows = self.conn.execute(self._answers_sql, {"hashes": self._list(ids)})
+        return {rid: (None, turn_id, session_id, last, count) for rid, turn_id, session_id, last, count in rows}
+
+    def place_all(self, asks: list[Ask]) -> list[Placement]:
+        """Where each turn of the batch goes, given in arrival order."""
         probe_nodes: set[str] = set()
         probe_turns: set[str] = set()
-        for chain, hint in requests:
-            if chain:
-                probe_nodes.update(chain[-PROBE:] if hint is None else chain[-1:])
-                probe_turns.update(chain[-PROBE - 1:-1])
+        for ask in asks:
+            if ask.chain:
+                probe_nodes.update(ask.chain[-PROBE:] if ask.hint is None else ask.chain[-1:])
+                probe_turns.update(ask.chain[-PROBE - 1:-1])
         self.nodes = self._nodes(probe_nodes)  # stored before this batch
         self.turns = self._turns(probe_turns)
+        answers = self._answers({ask.continues for ask in asks if ask.continues})
         self.local_nodes: dict[str, str] = {}  # first stored by this batch: hash -> session
         self.local_turns: dict[str, list[tuple[int, str]]] = defaultdict(list)  # chain hash -> (index, session)
         by_root: dict[str, list[list[str]]] = defaultdict(list)  # the batch's chains so far, by first hash
         out: list[Placement] = []
-        for i, (chain, hint) in enumerate(requests):
+        for i, ask in enumerate(asks):
+            chain, hint = ask.chain, ask.hint
             if not chain:
                 out.append(Placement(hint or other_session()))
                 continue
-            if hint is None:
+            parent = answers.get(ask.continues) if ask.continues else None
+            if parent is not None:
+                placement = self._continued(chain, hint, parent)
+            elif hint is None:
                 session_id, depth = self._deepest(chain)
                 placement = Placement(session_id or new_session_id(chain), new_session=session_id is None,
                                       known_depth=depth)
             else:
                 placement = Placement(hint)
             placement.adopt = chain[-1] in self.nodes
-            if not placement.new_session:
+            if not placement.new_session and placement.base is None:
                 self._parent(chain, placement)
             # A chain hash names its whole prefix: an earlier chain holds this one's last
             # hash only at this depth. (Checked so, not against every hash of the batch:
             # the cost of a turn must not grow with its session.)
             depth = len(chain)
             if any(len(c) > depth and c[depth - 1] == chain[-1] for c in by_root[chain[0]]):
-                self._adopt_in_batch(i, chain, placement, requests, out)
+                self._adopt_in_batch(i, chain, placement, asks, out)
             for h in chain[placement.known_depth:]:  # nodes above the known depth are stored already
                 if h not in self.nodes:
                     self.local_nodes.setdefault(h, placement.session_id)
             by_root[chain[0]].append(chain)
             self.local_turns[chain[-1]].append((i, placement.session_id))
+            if ask.answer:  # stored after anything already in the database: the newest
+                answers[ask.answer] = (i, None, placement.session_id, chain[-1], placement.offset + len(chain))
             out.append(placement)
         return out
+
+    def _continued(self, chain: list[str], hint: str | None, parent: tuple) -> Placement:
+        """A turn that continues the answer of `parent` (a batch index or a stored id, its
+        session, last chain hash and message count): in its session, below it."""
+        index, turn_id, session_id, last, depth = parent
+        _, known = self._deepest(chain)  # a retry of this very request: its first nodes exist
+        placement = Placement(hint or session_id, known_depth=known, base=last, offset=depth)
+        if placement.session_id == session_id:
+            placement.parent_id, placement.parent_index, placement.parent_depth = turn_id, index, depth
+        return placement
 
     def _deepest(self, chain: list[str]) -> tuple[str | None, int]:
         """The session of the longest known prefix of `chain`, and its depth."""
@@ -197,12 +245,12 @@ class Placer:
         return False
 
     def _adopt_in_batch(self, i: int, chain: list[str], placement: Placement,
-                        requests: list[tuple[list[str], str | None]], placed: list[Placement]) -> None:
+                        asks: list[Ask], placed: list[Placement]) -> None:
         """A turn earlier in this batch that extends this one's chain and was threaded to
         a shallower parent is this one's child (its turns reached the writers out of order)."""
         depth, last = len(chain), chain[-1]
         for j, other in enumerate(placed):
-            longer = requests[j][0]
+            longer = asks[j].chain
             if (len(longer) > depth and longer[depth - 1] == last and other.session_id == placement.session_id
                     and other.parent_depth < depth):
                 other.parent_id, other.parent_index, other.parent_depth = None, i, depth

@@ -10,10 +10,12 @@ import json
 import httpx
 import openai
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 from sqlmodel import Session as DB
 
 from proxy.capture import TurnRecord
+from proxy.cli import main
 from proxy.scripted import Reply
 from proxy.store.db import open_database
 from proxy.store.ingest import Ingestor
@@ -21,6 +23,7 @@ from proxy.store.read import Reader
 from proxy.store.writer import Writer
 from tests.conftest import postgres_url
 from tests.test_cli_errors import migrated_to
+from tests.test_replay_live import serve
 
 TOOL = {"type": "function", "name": "get_forecast",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -47,7 +50,8 @@ ANSWERS = [answer("resp_a", ("call_1", "Paris")), answer("resp_b", ("call_2", "L
 LYON_NICE = result(("call_2", "rain, 15 C"), ("call_3", "wind, 19 C"))
 
 
-def test_a_conversation_continued_by_reference_is_one_session_with_its_results_paired(tooltap, upstream):
+def converse(tooltap, upstream) -> None:
+    """Three turns continued by reference, through tooltap with the official SDK."""
     upstream.routes["/v1/responses"] = [Reply.json(a) for a in ANSWERS] + [Reply.json(answer("resp_x", say="hi"))]
     client = openai.OpenAI(base_url=f"{tooltap.url}/v1", api_key="sk-test-0123456789abcdef")
     first = client.responses.create(model="gpt-test", input="Weather in Paris and Lyon?", tools=[TOOL])
@@ -57,6 +61,12 @@ def test_a_conversation_continued_by_reference_is_one_session_with_its_results_p
     tooltap.flush()
     # Two results, where the turn it continues sent one message: all of them are new.
     client.responses.create(model="gpt-test", previous_response_id=second.id, tools=[TOOL], input=LYON_NICE)
+    tooltap.flush()
+
+
+def test_a_conversation_continued_by_reference_is_one_session_with_its_results_paired(tooltap, upstream):
+    converse(tooltap, upstream)
+    client = openai.OpenAI(base_url=f"{tooltap.url}/v1", api_key="sk-test-0123456789abcdef")
     # Its parent never went through tooltap: a session of its own, not a lost turn.
     client.responses.create(model="gpt-test", previous_response_id="resp_elsewhere", input="and tomorrow?")
 
@@ -82,6 +92,30 @@ def test_a_conversation_continued_by_reference_is_one_session_with_its_results_p
         assert shown in page, shown
     found = httpx.get(f"{tooltap.url}/_tooltap/api/search", params={"q": "rain 15"}).json()["sessions"]
     assert [s["id"] for s in found] == [weather["id"]]
+
+
+def test_a_live_replay_sends_the_conversation_written_out(tooltap, upstream):
+    """The endpoint replayed against holds none of the recorded answers: each request goes
+    with the recorded conversation in its input instead of the reference."""
+    converse(tooltap, upstream)
+    (session,) = tooltap.api("/sessions")["sessions"]
+    recorded = CliRunner().invoke(main, ["replay", "session", session["id"], "--db", f"sqlite:///{tooltap.db_path}",
+                                         "--recorded"])
+    assert recorded.exit_code == 0 and "3 of 3 turns identical" in recorded.output, recorded.output  # threaded alike
+    with serve({"/v1/responses": [Reply.json(a) for a in ANSWERS]}) as target:
+        out = CliRunner().invoke(main, ["replay", "session", session["id"], "--db", f"sqlite:///{tooltap.db_path}",
+                                        "--against", target.url + "/v1"])
+        assert out.exit_code == 0, out.output
+        assert "3 of 3 turns identical" in out.output
+        sent = [r.json() for r in target.received]
+    assert all("previous_response_id" not in body for body in sent)
+    assert sent[0]["input"] == "Weather in Paris and Lyon?"
+    user = {"role": "user", "content": "Weather in Paris and Lyon?"}
+    calls = [item for a in ANSWERS[:2] for item in a["output"]]
+    assert sent[1]["input"] == [user, calls[0], *result(("call_1", "sunny, 24 C"))]
+    assert sent[2]["input"] == [user, calls[0], *result(("call_1", "sunny, 24 C")), *calls[1:], *LYON_NICE]
+    assert sent[2]["tools"] == [TOOL]
+
 
 
 def record(i: int, body: dict, response: dict) -> TurnRecord:

@@ -124,6 +124,12 @@ class WireAPIBase:
         """The id a later request names to continue from this answer (see `continues`)."""
         return None
 
+    def written_out(self, request: dict[str, Any], earlier: list[tuple[dict, dict]]) -> dict[str, Any]:
+        """A request that `continues` an answer, with the conversation it continues put in
+        instead: `earlier` is each (request, answer) of it, oldest first. For an endpoint
+        that does not hold those answers (a replay elsewhere)."""
+        return request
+
 
 class WireAPI(Protocol):
     name: str  # "openai.chat", "openai.responses", "anthropic.messages", "gemini"
@@ -146,6 +152,8 @@ class WireAPI(Protocol):
     def continues(self, request: dict[str, Any]) -> str | None: ...
 
     def response_id(self, response: Any) -> str | None: ...
+
+    def written_out(self, request: dict[str, Any], earlier: list[tuple[dict, dict]]) -> dict[str, Any]: ...
 
     def text(self, response: dict[str, Any]) -> str:
         """The answer's visible text (first choice), for live views."""

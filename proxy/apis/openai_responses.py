@@ -93,6 +93,7 @@ _ITEM_DONES = {
 }
 _LIFECYCLE = ("response.created", "response.queued", "response.in_progress")
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
+_SENT_BACK = ("message", "function_call", "custom_tool_call")  # output items a later input may hold
 
 
 class ResponsesAssembler:
@@ -201,6 +202,18 @@ class OpenAIResponses(WireAPIBase):
     def response_id(self, response: Any) -> str | None:
         rid = response.get("id") if isinstance(response, dict) else None
         return rid if isinstance(rid, str) and rid else None
+
+    def written_out(self, request: dict[str, Any], earlier: list[tuple[dict, dict]]) -> dict[str, Any]:
+        items: list[Any] = []
+        for asked, answer in [*earlier, (request, {})]:
+            items += self.short_input(asked.get("input")) or list(asked.get("input") or [])
+            # An answer's output items are input items as they stand (the SDK's own way to
+            # continue without a reference); reasoning items are left out: an endpoint
+            # accepts only its own.
+            items += [i for i in answer.get("output") or [] if isinstance(i, dict) and i.get("type") in _SENT_BACK]
+        body = {k: v for k, v in request.items() if k != "previous_response_id"}
+        body["input"] = items
+        return body
 
     def closes(self, event: Event) -> bool:
         return event.event in _FINAL

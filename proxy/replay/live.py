@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -88,10 +88,11 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
         "args": rules.args, "per_tool": dict(rules.per_tool), "ignore": list(rules.ignore)})
     uids = _known_uids(recording)
     places = recording.places
+    answered = {rid: t for t in recording.turns if (rid := _answer_id(t))}
     seen_losses: set[str] = set()
     with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
         for turn in recording.turns:
-            verdict = _replay_turn(client, turn, target, repeat, rules, uids)
+            verdict = _replay_turn(client, written_out(turn, answered), target, repeat, rules, uids)
             verdict.place = places[turn.id]
             # Each loss is listed at the first turn it occurs in: the tools repeat every turn.
             new = [loss for loss in verdict.lost if loss not in seen_losses]
@@ -109,6 +110,32 @@ def _base_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise LiveError(f"--against {url!r}: give an http:// or https:// URL with a host")
     return str(parsed.copy_with(query=None, fragment=None)).rstrip("/")
+
+
+def _answer_id(turn: RecordedTurn) -> str | None:
+    api = apis.by_name(turn.api)
+    return api.response_id(turn.response) if api is not None else None
+
+
+def written_out(turn: RecordedTurn, answered: dict[str, RecordedTurn]) -> RecordedTurn:
+    """A turn whose request continues an earlier answer by reference (Responses
+    `previous_response_id`), with that conversation put in from the recording: the
+    endpoint replayed against holds none of the recorded answers, and the recorded
+    conversation is each turn's context. A conversation that began before the recording
+    stays a reference (the endpoint may be the one that holds it)."""
+    api = apis.by_name(turn.api)
+    if api is None or not isinstance(turn.request, dict):
+        return turn
+    earlier, previous = [], api.continues(turn.request)
+    while previous is not None and previous in answered and len(earlier) < len(answered):
+        parent = answered[previous]
+        if not isinstance(parent.request, dict):
+            break
+        earlier.insert(0, (parent.request, parent.response or {}))
+        previous = api.continues(parent.request)
+    if not earlier or previous is not None:
+        return turn
+    return replace(turn, request=api.written_out(turn.request, earlier))
 
 
 def _known_uids(recording: Recording) -> dict[str, str]:

@@ -45,10 +45,41 @@ def create_inspector(tooltap, lifespan=None) -> FastAPI:
     app.mount("/_tooltap/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_exception_handler(StarletteHTTPException, _error_page)
     app.add_exception_handler(RequestValidationError, _invalid_address)
+    app.add_middleware(HeadAsGet)
     # Outermost: every response (pages, API, live, static, errors) gets the headers and
     # the token check.
     app.add_middleware(Guard, token=tooltap.settings.ui_token)
     return app
+
+
+class HeadAsGet:
+    """HEAD (`curl -I`, link checkers, monitors) answered as the GET of the same address,
+    head only. FastAPI's routes take GET alone (a Starlette Route adds HEAD, an APIRoute
+    does not); here one place serves every route, mount and error alike, and a HEAD
+    never reaches a POST handler.
+
+    The answer is whole once its head is sent: the server then answers the app's next
+    `receive()` with a disconnect (ASGI), so an endless response (the live stream) stops
+    as for a client gone, and whatever the app still sends is dropped here."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+        answered = False
+
+        async def send_head(message):
+            nonlocal answered
+            if answered or message["type"] != "http.response.start":
+                return
+            answered = True
+            await send(message)  # GET's headers, Content-Length included (RFC 9110 9.3.2)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        # The server keeps its own scope, still HEAD: it sends no body bytes either way.
+        await self.app({**scope, "method": "GET"}, receive, send_head)
 
 
 def _wants_page(request: Request) -> bool:

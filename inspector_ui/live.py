@@ -25,10 +25,13 @@ GRACE_SECONDS = 1.0
 @router.get("/live")
 async def live(request: Request):
     hub = request.app.state.tooltap.live
-    queue = hub.subscribe()
     stopping = anyio.Event()
 
     async def events():
+        # Subscribed here, not in the endpoint: a stream ended before its first item (a
+        # client gone, a HEAD) never runs the `finally`, and its watcher would stay, making
+        # every forwarded turn do live work for nobody.
+        queue = hub.subscribe()
         try:
             yield {"event": "hello", "data": "{}"}  # lets a page know it is connected
             while not stopping.is_set():

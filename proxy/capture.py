@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from . import apis
 from .live import GROW_SECONDS, LiveHub
@@ -251,6 +254,34 @@ def assemble(rec: "TurnRecord", api: apis.WireAPI, content_encoding: str | None)
         rec.status = "upstream_error"
 
 
+_MODEL_IN_PATH = re.compile(r"/models/([^/:?]+)")
+MODEL_PARSE_MAX = 2 << 20  # the live view reads a larger body's model once it is stored
+
+
+def model_in_path(path: str) -> str | None:
+    """Gemini names the model in the URL (`/v1beta/models/gemini-2.5-pro:generateContent`)."""
+    m = _MODEL_IN_PATH.search(path)
+    return m.group(1) if m else None
+
+
+def request_model(api: apis.WireAPI | None, rec: TurnRecord) -> str | None:
+    """The model a request names, as the store will read it: the body's, as the wire API
+    reads it, else Gemini's path. It parses the body: for the live view only, once a turn,
+    while someone watches, and only a body of at most MODEL_PARSE_MAX (on the event loop).
+    A body still arriving (a large one goes upstream part by part) names none yet."""
+    model = None
+    if rec.request_body and len(rec.request_body) <= MODEL_PARSE_MAX:
+        try:
+            request = orjson.loads(rec.request_body)
+        except ValueError:  # not JSON, or not whole yet
+            request = None
+        if isinstance(request, dict):
+            model = (api.model(request, None) if api is not None else None) or request.get("model")
+    if isinstance(model, str) and model:
+        return model
+    return model_in_path(rec.path)
+
+
 class Capture:
     """What the hot path keeps while a response passes: cheap work per chunk only.
     Assembly waits for the writer, unless someone watches the turn live."""
@@ -284,10 +315,12 @@ class Capture:
             if rec.stream and self.api is not None:
                 self._assembly = StreamAssembly(self.api, content_encoding)
             # The session is known this early only when the client names it (the writer
-            # threads the others); the model comes with the stream (turn_growing).
+            # threads the others). A stream names its model as it comes (turn_growing); a
+            # JSON answer has no such events: its request names the model, read once here.
             self.live.publish({"type": "turn_started", "live_id": rec.live_id, "path": rec.path,
                                "api": rec.api, "method": rec.method, "http_status": status,
-                               "stream": rec.stream, "session_id": session_key(rec.session_hint)})
+                               "stream": rec.stream, "session_id": session_key(rec.session_hint),
+                               "model": None if rec.stream else request_model(self.api, rec)})
 
     def feed(self, chunk: bytes) -> None:
         """Never raises: a capture that fails (a full disk) is flagged, the stream goes on."""

@@ -460,17 +460,21 @@ def test_a_long_unbroken_tool_message_wraps_within_the_page(tooltap, upstream, p
 
 
 def test_a_json_answer_in_flight_is_said_to_be_answering(tooltap, upstream, page):
-    """Not every turn in flight streams: a JSON answer still arriving is not called streaming."""
+    """Not every turn in flight streams: a JSON answer still arriving is not called streaming.
+    With no growing text to name its model, it names the one its request does, as text."""
     body = json.dumps({"id": "c", "object": "chat.completion", "model": "m", "choices": [{
         "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}]}).encode()
     upstream.routes["/chat/completions"] = Reply(200, [("content-type", "application/json")],
                                                  [body[:20], body[20:]], delay=1.5)
     page.goto(tooltap.url + "/_tooltap/")
     wait_live(page)
-    sender = threading.Thread(target=send, args=(tooltap.url, {"model": "m", "messages": [
-        {"role": "user", "content": "no stream"}]}))
+    model = "json-" + XSS_IMG
+    sender = threading.Thread(target=send, args=(tooltap.url, {"messages": [
+        {"role": "user", "content": "no stream"}], "model": model}))
     sender.start()
     live = page.locator("[data-testid=live-turn]")
     expect(live.locator(".live-head > b")).to_have_text("answering")
+    expect(live.locator("[data-testid=live-model]")).to_have_text("model " + model + " · ")
+    assert page.locator("main img").count() == 0 and page.evaluate("window.__xss") is None
     sender.join()
     expect(live).to_have_count(0)

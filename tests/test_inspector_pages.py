@@ -158,6 +158,77 @@ def test_token_refuses_page_api_live_and_static(make_tooltap, upstream):
         assert c.get("/_tooltap/api/sessions").status_code == 200
 
 
+def test_head_answers_every_inspector_get_with_its_head_only(tooltap, cline, upstream):
+    """Link checkers, monitors and `curl -I` ask HEAD: the status and headers GET gets,
+    no body. On one kept-alive connection: a stray body would garble the next answer."""
+    paths = ["/_tooltap/", "/_tooltap/?q=38.9072", f"/_tooltap/sessions/{cline}", f"/_tooltap/sessions/{cline}/tools",
+             "/_tooltap/turns/3", "/_tooltap/turns/3/download", "/_tooltap/schemas", "/_tooltap/mcp",
+             "/_tooltap/api/sessions", "/_tooltap/api/turns/3", "/_tooltap/api/turns/3/raw", "/_tooltap/api/stats",
+             "/_tooltap/api/health", "/_tooltap/api/openapi.json", "/_tooltap/static/app.js",
+             "/_tooltap/turns/999", "/_tooltap/turns/abc", "/_tooltap/nope"]
+    with httpx.Client(base_url=tooltap.url, timeout=10) as c:
+        for path in paths:
+            for accept in ("text/html", "*/*"):  # errors answer a page or JSON
+                g = c.get(path, headers={"accept": accept})
+                h = c.head(path, headers={"accept": accept})
+                assert h.status_code == g.status_code != 405, (path, accept)
+                assert h.headers.multi_items() == g.headers.multi_items(), (path, accept)
+                assert h.content == b"", path
+        # The live stream, endless as a GET, answers its head at once...
+        h = c.head("/_tooltap/api/live", timeout=5)
+        assert h.status_code == 200 and h.headers["content-type"].startswith("text/event-stream")
+        assert h.headers["content-security-policy"] and h.content == b""
+        assert c.get("/_tooltap/api/health").status_code == 200  # the connection is still sound
+    # ... and leaves nobody watching: the forwarded path does no live work for it.
+    deadline = time.monotonic() + 5
+    while tooltap.app.live.watched and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not tooltap.app.live.watched
+    # A HEAD outside /_tooltap/ is the upstream's, forwarded as it came.
+    upstream.routes["/v1/models"] = Reply.json({"object": "list", "data": []})
+    r = httpx.head(tooltap.url + "/v1/models", timeout=10)
+    assert r.status_code == 200 and r.content == b""
+    assert upstream.received[-1].method == "HEAD" and upstream.received[-1].path == "/v1/models"
+
+
+def live_starts(tooltap, send, turns: int) -> list[dict]:
+    """The `turn_started` events the live view gets while `send()` makes `turns` turns."""
+    starts, stored, event = [], 0, None
+    with httpx.stream("GET", tooltap.url + "/_tooltap/api/live", timeout=10) as r:
+        lines = r.iter_lines()
+        assert next(lines) == "event: hello"
+        send()
+        for line in lines:
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "turn_started":
+                starts.append(json.loads(line[6:]))
+            elif line.startswith("data: ") and event == "turn_stored":
+                stored += 1
+                if stored == turns:
+                    break
+    return starts
+
+
+def test_the_live_view_names_the_model_of_a_json_answer_from_its_request(tooltap, upstream):
+    """A stream names its model as it comes (turn_growing); a JSON answer has no such
+    events, so its start names the model its request does: the body's `model` (last in
+    the body, as the OpenAI SDK sends it), or Gemini's path."""
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]})
+    gemini = "/v1beta/models/gemini-2.5-flash:generateContent"
+    upstream.routes[gemini] = Reply.json({"candidates": [{"content": {"role": "model", "parts": [{"text": "hi"}]}}]})
+
+    def send():
+        httpx.post(tooltap.url + "/chat/completions", timeout=10,
+                   json={"messages": [{"role": "user", "content": "model?"}], "model": "json-model"})
+        httpx.post(tooltap.url + gemini + "?key=k", timeout=10,
+                   json={"contents": [{"role": "user", "parts": [{"text": "model?"}]}]})
+
+    starts = live_starts(tooltap, send, 2)
+    assert [(s["stream"], s["model"]) for s in starts] == [(False, "json-model"), (False, "gemini-2.5-flash")]
+
+
 # -- 10,000 sessions ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ SQLite serialises writers by itself (the writer begins with BEGIN IMMEDIATE).
 from __future__ import annotations
 
 import hashlib
-import re
 import uuid
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -30,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session as DB
 
 from .. import apis
-from ..capture import TurnRecord, assemble, decompress
+from ..capture import TurnRecord, assemble, decompress, model_in_path
 from . import content, search
 from .db import PRUNE_LOCK
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
@@ -199,7 +198,7 @@ class Ingestor:
         continues = api.continues(request) if api is not None and request is not None else None
         if request is not None:
             turn.model = ((api.model(request, response) if api else None) or request.get("model")
-                          or _model_in_path(rec.path))
+                          or model_in_path(rec.path))
             hashes = self._split_request(turn, request, api, parsed, continues)
         if api is not None:
             turn.response_id = api.response_id(response)
@@ -468,15 +467,6 @@ def _request_note(rec: TurnRecord, problem: str | None) -> str | None:
     if problem is None or "json" not in (_header(rec.request_headers, "content-type") or "").lower():
         return None
     return f"request body: {problem} (kept as sent, unparsed)"
-
-
-_MODEL_IN_PATH = re.compile(r"/models/([^/:?]+)")
-
-
-def _model_in_path(path: str) -> str | None:
-    """Gemini names the model in the URL (`/v1beta/models/gemini-2.5-pro:generateContent`)."""
-    m = _MODEL_IN_PATH.search(path)
-    return m.group(1) if m else None
 
 
 def _is_system(message: Any) -> bool:

@@ -118,6 +118,44 @@ def test_a_live_replay_sends_the_conversation_written_out(tooltap, upstream):
 
 
 
+def test_a_conversation_the_server_keeps_is_one_session_turn_after_turn(tooltap, upstream):
+    """`conversation`: every request names the same id; each turn's parent is the one
+    before it, even when two of them send the very same words."""
+    said = ["Plan my week.", "continue", "continue", "continue"]
+    replies = [dict(answer(f"resp_{i}", say=f"part {i}"), conversation={"id": "conv_1"}) for i in range(len(said))]
+    replies[1] = dict(answer("resp_1", ("call_9", "Oslo")), conversation={"id": "conv_1"})
+    upstream.routes["/v1/responses"] = [Reply.json(r) for r in replies]
+    client = openai.OpenAI(base_url=f"{tooltap.url}/v1", api_key="sk-test-0123456789abcdef")
+    for i, words in enumerate(said):
+        new = result(("call_9", "snow")) + [{"role": "user", "content": words}] if i == 2 else words
+        client.responses.create(model="gpt-test", conversation="conv_1", input=new, tools=[TOOL])
+        if i == 1:
+            tooltap.flush()  # a parent stored, and parents in the same batch
+    (session,) = tooltap.api("/sessions")["sessions"]
+    assert session["turns"] == 4 and session["title"] == "Plan my week."
+    page = httpx.get(f"{tooltap.url}/_tooltap/sessions/{session['id']}").text
+    assert page.count("part 2") == 1  # each answer once: the last turn reads on from the third
+    turns = tooltap.api(f"/sessions/{session['id']}")["turns"]
+    assert [t["parent_id"] for t in turns] == [None] + [t["id"] for t in turns[:-1]]
+    (call,) = tooltap.api(f"/turns/{turns[1]['id']}")["tool_calls"]
+    assert call["result"]["text"] == "snow"
+    third = tooltap.api(f"/turns/{turns[2]['id']}")["request"]
+    assert third["conversation"] == "conv_1" and third["input"][-1] == {"role": "user", "content": "continue"}
+
+    with serve({"/v1/responses": [Reply.json(r) for r in replies]}) as target:
+        out = CliRunner().invoke(main, ["replay", "session", session["id"], "--db", f"sqlite:///{tooltap.db_path}",
+                                        "--against", target.url + "/v1"])
+        assert out.exit_code == 0, out.output
+        sent = [r.json() for r in target.received]
+    assert all("conversation" not in body for body in sent)
+    assert sent[0]["input"] == "Plan my week."
+    assert [i.get("content") or i.get("output") or i["name"] for i in sent[3]["input"]] == [
+        "Plan my week.", [{"type": "output_text", "text": "part 0", "annotations": []}], "continue",
+        "get_forecast", "snow", "continue", [{"type": "output_text", "text": "part 2", "annotations": []}], "continue"]
+    # The conversation was made before its first turn (perhaps with items): said once.
+    assert out.output.count("what came before conv_1 is not in the recording") == 1
+
+
 def record(i: int, body: dict, response: dict) -> TurnRecord:
     raw = json.dumps(response).encode()
     return TurnRecord(started_at=1_700_000_000 + i, method="POST", path="/v1/responses", upstream="http://up",
@@ -176,7 +214,7 @@ def test_turns_stored_before_the_upgrade_are_found_by_their_answer(tmp_path):
     writer.close()
     engine = writer.engine
     with engine.begin() as conn:
-        assert conn.execute(text("SELECT response_id FROM turns")).scalar() == "resp_a"
+        assert conn.execute(text("SELECT continue_id FROM turns")).scalar() == "resp_a"
     from alembic import command
 
     from proxy.store.db import alembic_config
@@ -187,7 +225,7 @@ def test_turns_stored_before_the_upgrade_are_found_by_their_answer(tmp_path):
         command.downgrade(cfg, "0010")
     migrated_to(engine, "head")
     with engine.begin() as conn:
-        assert conn.execute(text("SELECT response_id FROM turns")).scalar() == "resp_a"
+        assert conn.execute(text("SELECT continue_id FROM turns")).scalar() == "resp_a"
 
     writer = Writer(url, spool_path=str(tmp_path / "spool"))
     writer.start()

@@ -116,12 +116,13 @@ class WireAPIBase:
         return None
 
     def continues(self, request: dict[str, Any]) -> str | None:
-        """The id of the earlier answer a request continues by reference, sending only
-        what is new (Responses `previous_response_id`); None when it resends its history."""
+        """The id a request names to continue a conversation the server holds, sending
+        only what is new (Responses: an answer's or a conversation's); None when it
+        resends its history."""
         return None
 
-    def response_id(self, response: Any) -> str | None:
-        """The id a later request names to continue from this answer (see `continues`)."""
+    def continue_id(self, request: dict[str, Any] | None, response: Any) -> str | None:
+        """The id a later request would name to continue from this turn (see `continues`)."""
         return None
 
     def written_out(self, request: dict[str, Any], earlier: list[tuple[dict, dict]]) -> dict[str, Any]:
@@ -151,7 +152,7 @@ class WireAPI(Protocol):
 
     def continues(self, request: dict[str, Any]) -> str | None: ...
 
-    def response_id(self, response: Any) -> str | None: ...
+    def continue_id(self, request: dict[str, Any] | None, response: Any) -> str | None: ...
 
     def written_out(self, request: dict[str, Any], earlier: list[tuple[dict, dict]]) -> dict[str, Any]: ...
 

@@ -195,13 +195,15 @@ class OpenAIResponses(WireAPIBase):
         return [{"role": "user", "content": value}] if isinstance(value, str) else None
 
     def continues(self, request: dict[str, Any]) -> str | None:
-        # The server holds the conversation so far; the request carries only what is new.
-        previous = request.get("previous_response_id")
-        return previous if isinstance(previous, str) and previous else None
+        # The server holds the conversation so far: an earlier answer, or a conversation
+        # (`conversation`: its id, or {"id": ...}); the request carries only what is new.
+        return _id(request.get("previous_response_id")) or _conversation(request)
 
-    def response_id(self, response: Any) -> str | None:
-        rid = response.get("id") if isinstance(response, dict) else None
-        return rid if isinstance(rid, str) and rid else None
+    def continue_id(self, request: dict[str, Any] | None, response: Any) -> str | None:
+        # In a conversation, the next request names the conversation, else this answer.
+        if not isinstance(response, dict):
+            return None
+        return _conversation(request or {}) or _conversation(response) or _id(response.get("id"))
 
     def written_out(self, request: dict[str, Any], earlier: list[tuple[dict, dict]]) -> dict[str, Any]:
         items: list[Any] = []
@@ -211,8 +213,9 @@ class OpenAIResponses(WireAPIBase):
             # continue without a reference); reasoning items are left out: an endpoint
             # accepts only its own.
             items += [i for i in answer.get("output") or [] if isinstance(i, dict) and i.get("type") in _SENT_BACK]
-        body = {k: v for k, v in request.items() if k != "previous_response_id"}
-        body["input"] = items
+        body = {k: v for k, v in request.items() if k not in ("previous_response_id", "conversation")}
+        if earlier:
+            body["input"] = items
         return body
 
     def closes(self, event: Event) -> bool:
@@ -243,6 +246,15 @@ class OpenAIResponses(WireAPIBase):
             for item in response.get("output") or [] if item.get("type") == "message"
             for part in item.get("content") or [] if part.get("type") == "output_text"
         )
+
+
+def _id(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _conversation(body: dict[str, Any]) -> str | None:
+    conversation = body.get("conversation")
+    return _id(conversation.get("id") if isinstance(conversation, dict) else conversation)
 
 
 API = register(OpenAIResponses())

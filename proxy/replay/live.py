@@ -88,11 +88,13 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
         "args": rules.args, "per_tool": dict(rules.per_tool), "ignore": list(rules.ignore)})
     uids = _known_uids(recording)
     places = recording.places
-    answered = {rid: t for t in recording.turns if (rid := _answer_id(t))}
+    by_id = {t.id: t for t in recording.turns}
     seen_losses: set[str] = set()
     with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
         for turn in recording.turns:
-            verdict = _replay_turn(client, written_out(turn, answered), target, repeat, rules, uids)
+            whole, missing = written_out(turn, by_id)
+            verdict = _replay_turn(client, whole, target, repeat, rules, uids)
+            verdict.lost = missing + verdict.lost
             verdict.place = places[turn.id]
             # Each loss is listed at the first turn it occurs in: the tools repeat every turn.
             new = [loss for loss in verdict.lost if loss not in seen_losses]
@@ -112,30 +114,24 @@ def _base_url(url: str) -> str:
     return str(parsed.copy_with(query=None, fragment=None)).rstrip("/")
 
 
-def _answer_id(turn: RecordedTurn) -> str | None:
+def written_out(turn: RecordedTurn, by_id: dict[int, RecordedTurn]) -> tuple[RecordedTurn, list[str]]:
+    """A turn whose request continues a conversation the server held (Responses
+    `previous_response_id` or `conversation`), with that conversation put in from the
+    recording, turn by turn up its parents: the endpoint replayed against holds none of
+    it, and the recorded conversation is each turn's context. What began before the
+    recording (a conversation made with items) is named as lost."""
     api = apis.by_name(turn.api)
-    return api.response_id(turn.response) if api is not None else None
-
-
-def written_out(turn: RecordedTurn, answered: dict[str, RecordedTurn]) -> RecordedTurn:
-    """A turn whose request continues an earlier answer by reference (Responses
-    `previous_response_id`), with that conversation put in from the recording: the
-    endpoint replayed against holds none of the recorded answers, and the recorded
-    conversation is each turn's context. A conversation that began before the recording
-    stays a reference (the endpoint may be the one that holds it)."""
-    api = apis.by_name(turn.api)
-    if api is None or not isinstance(turn.request, dict):
-        return turn
-    earlier, previous = [], api.continues(turn.request)
-    while previous is not None and previous in answered and len(earlier) < len(answered):
-        parent = answered[previous]
-        if not isinstance(parent.request, dict):
+    if api is None or not isinstance(turn.request, dict) or not api.continues(turn.request):
+        return turn, []
+    earlier, at, lost = [], turn, []
+    while api.continues(at.request) and len(earlier) < len(by_id):
+        parent = by_id.get(at.parent_id)
+        if parent is None or not isinstance(parent.request, dict):
+            lost.append(f"what came before {api.continues(at.request)} is not in the recording: replayed without it")
             break
         earlier.insert(0, (parent.request, parent.response or {}))
-        previous = api.continues(parent.request)
-    if not earlier or previous is not None:
-        return turn
-    return replace(turn, request=api.written_out(turn.request, earlier))
+        at = parent
+    return replace(turn, request=api.written_out(turn.request, earlier)), lost
 
 
 def _known_uids(recording: Recording) -> dict[str, str]:

@@ -201,7 +201,7 @@ class Ingestor:
                           or model_in_path(rec.path))
             hashes = self._split_request(turn, request, api, parsed, continues)
         if api is not None:
-            turn.response_id = api.response_id(response)
+            turn.continue_id = api.continue_id(request, response)
         root = chain_root(rec.api, rec.upstream, continues)
         base, prefix, known = parsed.base, parsed.prefix, ()
         if base is not None and prefix is not None and base.root == root and base.lead == prefix.lead:
@@ -334,11 +334,13 @@ class Ingestor:
         search.index_messages(conn, self.dialect, messages)
 
         placer = Placer(conn, self.dialect)
-        placements = placer.place_all([Ask(it.chain, it.hint, it.continues, it.turn.response_id) for it in items])
+        placements = placer.place_all([Ask(it.chain, it.hint, it.hashes, it.continues, it.turn.continue_id) for it in items])
         nodes: dict[str, dict] = {}
         for it, placement in zip(items, placements):
             it.turn.session_id, it.turn.parent_id = placement.session_id, placement.parent_id
-            it.turn.message_count += placement.offset  # its depth in the conversation
+            if placement.chain is not None:  # going on from the conversation it continues
+                it.chain, it.turn.chain_hash = placement.chain, placement.chain[-1]
+                it.turn.message_count += placement.offset
             it.new_session = placement.new_session
             for i in range(placement.known_depth, len(it.chain)):  # the nodes above are stored
                 h = it.chain[i]

@@ -92,9 +92,9 @@ class Turn(SQLModel, table=True):
     decoding: Any = Field(default=None, sa_column=Column(_JSON))  # agent decoders' per-turn output
     response_text: str | None = Field(default=None, sa_column=Column(Text))  # the reply, readable by SQL (readable.py)
     uid: str | None = Field(default=None, max_length=32, unique=True, index=True)  # the journal's id for the turn
-    # The answer's id, for a later request that continues it by reference (Responses
-    # `previous_response_id`): how such a request finds its parent turn.
-    response_id: str | None = Field(default=None, index=True)
+    # The id a later request names to continue from this turn (a Responses answer's or
+    # conversation's, apis.base.continues): how such a request finds its parent turn.
+    continue_id: str | None = Field(default=None, index=True)
 
 
 class ToolCallRow(SQLModel, table=True):

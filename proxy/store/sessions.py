@@ -10,11 +10,13 @@ and a task whose system prompt changes (new MCP servers, new rules) stays one se
 The chain starts from the wire API and the upstream: an Anthropic and an OpenAI
 conversation that open with the same words are two sessions, not one.
 
-A request that continues an earlier answer by reference (Responses
-`previous_response_id`) sends only what is new. Its chain starts from that answer's id,
-and its parent is the turn that gave the answer, found by the id: it joins the parent's
-session, and its first chain node hangs below the parent's last, so the conversation
-reads whole up the chain while the request is kept as sent.
+A request that continues a conversation the server holds (Responses: an earlier answer
+by `previous_response_id`, or a `conversation`) sends only what is new. Its parent is
+the newest turn that gave the id it names, found by it (turns.continue_id): it joins the
+parent's session, and its chain goes on from the parent's last hash, so the conversation
+reads whole up the chain (while the request is kept as sent) and only a retry of the
+same request below the same turn shares its nodes. Until its parent is stored, its chain
+starts from the id it names.
 
 Several writers may share the database (tooltap instances behind one address), and
 consecutive turns of a conversation may reach different ones and be stored in any
@@ -32,11 +34,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import text
 
-from .content import digest
+from .content import chain as chained, digest
 
 OTHER_PREFIX = "other-"
 OTHER_TITLE = "Requests without a conversation"
@@ -49,8 +51,9 @@ class Ask:
 
     chain: list[str]
     hint: str | None = None  # the session the client named (X-Tooltap-Session)
-    continues: str | None = None  # the id of the answer it continues by reference
-    answer: str | None = None  # its own answer's id
+    hashes: list[str] = field(default_factory=list)  # its messages' (the chain's links)
+    continues: str | None = None  # the id it names to continue a conversation (apis.base.continues)
+    continue_id: str | None = None  # the id a later request would name to continue from it
 
 
 @dataclass
@@ -62,10 +65,11 @@ class Placement:
     new_session: bool = False
     adopt: bool = False  # its whole chain was known: later turns may be waiting for it
     known_depth: int = 0  # its chain's first nodes that are stored, or new in this batch already
-    # Continued by reference: its chain hangs below `base` (the parent's last chain hash),
-    # `offset` messages deep.
+    # Continuing a conversation the server holds: its chain goes on from `base` (the
+    # parent's last chain hash), `offset` messages deep, as `chain`.
     base: str | None = None
     offset: int = 0
+    chain: list[str] | None = None
 
 
 def session_key(hint: str | None) -> str | None:
@@ -80,8 +84,8 @@ def session_key(hint: str | None) -> str | None:
 
 
 def chain_root(api: str, upstream: str, continues: str | None = None) -> str:
-    """Where a request's message chain starts: its wire API and upstream, and the answer
-    it continues by reference, if it does."""
+    """Where a request's message chain starts: its wire API and upstream, and the id it
+    names to continue a conversation, if it does."""
     after = f"\ncontinues {continues}" if continues else ""
     return digest(f"{api}\n{upstream}{after}".encode("utf-8", "surrogateescape"))
 
@@ -112,8 +116,8 @@ class Placer:
         cond = "= ANY(:hashes)" if self.postgres else "IN (SELECT value FROM json_each(:hashes))"
         self._nodes_sql = text(f"SELECT hash, session_id, depth FROM chain_nodes WHERE hash {cond}")
         self._turns_sql = text(f"SELECT id, session_id, chain_hash, message_count FROM turns WHERE chain_hash {cond}")
-        self._answers_sql = text("SELECT response_id, id, session_id, chain_hash, message_count FROM turns "
-                                 f"WHERE response_id {cond} AND chain_hash IS NOT NULL ORDER BY id")
+        self._continued_sql = text("SELECT continue_id, id, session_id, chain_hash, message_count FROM turns "
+                                   f"WHERE continue_id {cond} AND chain_hash IS NOT NULL ORDER BY id")
 
     def _list(self, hashes) -> object:
         if self.postgres:
@@ -134,11 +138,12 @@ class Placer:
                 found[chain_hash].append((turn_id, session_id))
         return found
 
-    def _answers(self, ids) -> dict[str, tuple[None, int, str, str, int]]:
-        """Stored turns by their answer's id (the newest, should two share one)."""
+    def _continuable(self, ids) -> dict[str, tuple[None, int, str, str, int]]:
+        """The newest stored turn a later request may name by each id (a conversation's
+        id names each of its turns in turn)."""
         if not ids:
             return {}
-        rows = self.conn.execute(self._answers_sql, {"hashes": self._list(ids)})
+        rows = self.conn.execute(self._continued_sql, {"hashes": self._list(ids)})
         return {rid: (None, turn_id, session_id, last, count) for rid, turn_id, session_id, last, count in rows}
 
     def place_all(self, asks: list[Ask]) -> list[Placement]:
@@ -151,7 +156,7 @@ class Placer:
                 probe_turns.update(ask.chain[-PROBE - 1:-1])
         self.nodes = self._nodes(probe_nodes)  # stored before this batch
         self.turns = self._turns(probe_turns)
-        answers = self._answers({ask.continues for ask in asks if ask.continues})
+        continued = self._continuable({ask.continues for ask in asks if ask.continues})
         self.local_nodes: dict[str, str] = {}  # first stored by this batch: hash -> session
         self.local_turns: dict[str, list[tuple[int, str]]] = defaultdict(list)  # chain hash -> (index, session)
         by_root: dict[str, list[list[str]]] = defaultdict(list)  # the batch's chains so far, by first hash
@@ -161,9 +166,10 @@ class Placer:
             if not chain:
                 out.append(Placement(hint or other_session()))
                 continue
-            parent = answers.get(ask.continues) if ask.continues else None
+            parent = continued.get(ask.continues) if ask.continues else None
             if parent is not None:
-                placement = self._continued(chain, hint, parent)
+                placement = self._below(ask, parent)
+                chain = placement.chain
             elif hint is None:
                 session_id, depth = self._deepest(chain)
                 placement = Placement(session_id or new_session_id(chain), new_session=session_id is None,
@@ -184,17 +190,18 @@ class Placer:
                     self.local_nodes.setdefault(h, placement.session_id)
             by_root[chain[0]].append(chain)
             self.local_turns[chain[-1]].append((i, placement.session_id))
-            if ask.answer:  # stored after anything already in the database: the newest
-                answers[ask.answer] = (i, None, placement.session_id, chain[-1], placement.offset + len(chain))
+            if ask.continue_id:  # stored after anything already in the database: the newest
+                continued[ask.continue_id] = (i, None, placement.session_id, chain[-1], placement.offset + len(chain))
             out.append(placement)
         return out
 
-    def _continued(self, chain: list[str], hint: str | None, parent: tuple) -> Placement:
-        """A turn that continues the answer of `parent` (a batch index or a stored id, its
-        session, last chain hash and message count): in its session, below it."""
+    def _below(self, ask: Ask, parent: tuple) -> Placement:
+        """A turn that continues `parent` (a batch index or a stored id, its session, last
+        chain hash and message count): in its session, below it."""
         index, turn_id, session_id, last, depth = parent
-        _, known = self._deepest(chain)  # a retry of this very request: its first nodes exist
-        placement = Placement(hint or session_id, known_depth=known, base=last, offset=depth)
+        chain = chained(ask.hashes, last)
+        _, known = self._deepest(chain)  # a retry of this very request: its nodes exist
+        placement = Placement(ask.hint or session_id, known_depth=known, base=last, offset=depth, chain=chain)
         if placement.session_id == session_id:
             placement.parent_id, placement.parent_index, placement.parent_depth = turn_id, index, depth
         return placement

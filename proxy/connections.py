@@ -80,9 +80,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 hang_up()
 
     def handle_websocket_upgrade(self) -> None:
-        self._done_with_deadlines()
-        self.pool.forget(self)  # the connection is the websocket protocol's from here
-        super().handle_websocket_upgrade()
+        # Not forwarded (OpenAI Realtime, Gemini Live): a clear refusal rather than
+        # uvicorn's websocket layer, which would log the address, `?key=` and all, and
+        # hand the inspector a socket it only closes.
+        self._refuse("websocket", b"501 Not Implemented", "tooltap does not forward WebSocket connections "
+                     "(OpenAI Realtime, Gemini Live): connect this client to the provider directly")
 
     # -- the parser's events -------------------------------------------------------------
 
@@ -258,6 +260,7 @@ class _Notes:
         "body": "sent a request body too slowly (under {r:g} KB/s after {bt:g} s)",
         "evicted": "were idle when the connection limit ({cap}) was reached, to make room",
         "refused": "arrived at the connection limit ({cap}) with every connection busy (answered 503)",
+        "websocket": "asked for a WebSocket, which tooltap does not forward (answered 501)",
     }
 
     def __init__(self, limits: Limits, loop) -> None:

@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from typing import Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from . import apis
 from . import upstream as upstream_client
@@ -64,6 +64,14 @@ def _strip(headers: Headers, also: frozenset[bytes] = frozenset()) -> Headers:
     named = {n.strip().lower() for k, v in headers if k.lower() == b"connection" for n in v.split(b",")}
     drop = HOP_BY_HOP | named | also
     return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+def _sendable(status: int, headers: Headers) -> Headers:
+    """A 304's Content-Length is its representation's, with no body: the server would
+    wait for that many bytes and fail the answer. It goes without it (stored as sent)."""
+    if status not in (204, 304):
+        return headers
+    return [(k, v) for k, v in headers if k.lower() != b"content-length"]
 
 
 def _text(headers: Headers) -> list[tuple[str, str]]:
@@ -112,16 +120,16 @@ class Forwarder:
             self.in_flight -= 1
 
     async def _forward(self, scope, receive, send) -> None:
-        path = scope["path"]
-        route = self.settings.resolve(path)
+        # The path as the agent encoded it (scope["path"] is percent-decoded): routed on and
+        # cut in that one form, so `/%63laude/...` or `/claude%2F...` are never cut wrong.
+        raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        route = self.settings.resolve(raw_path)
         if route is None:
             await _send_json(send, 404, {"error": {"type": "tooltap_no_upstream",
-                                                   "message": f"no upstream serves {path}"}})
+                                                   "message": f"no upstream serves {raw_path}"}})
             return
         upstream, upstream_path = route
         started_at = time.time()
-        # The path as the agent encoded it (scope["path"] is percent-decoded).
-        raw_path = (scope.get("raw_path") or path.encode()).decode("latin-1")
         body = _RequestBody(receive, scope)
         streamed = await body.read() and raw_path.startswith("/") and body.worth_streaming()
         if not streamed:
@@ -132,7 +140,7 @@ class Forwarder:
         headers = _text(wire_headers)
         query = scope.get("query_string", b"").decode("latin-1")
         method = scope["method"]
-        api = apis.detect(method, upstream_path)
+        api = apis.detect(method, unquote(upstream_path) if "%" in upstream_path else upstream_path)
         capture = Capture(
             TurnRecord(
                 started_at=started_at,
@@ -163,7 +171,7 @@ class Forwarder:
             return
 
         origin, base = self._origin(upstream.url)
-        target = base + (raw_path[len(upstream.prefix):] or "/") + ("?" + query if query else "")
+        target = base + upstream_path + ("?" + query if query else "")
         watch = _HangUpWatch(receive, scope, start=not streamed)  # (streamed: once the body is whole)
         response: upstream_client.Response | None = None
         status, error = None, None
@@ -195,7 +203,7 @@ class Forwarder:
                 response.header("content-encoding"),
             )
             await send({"type": "http.response.start", "status": response.status,
-                        "headers": resp_headers + _turn_header(capture)})
+                        "headers": _sendable(response.status, resp_headers) + _turn_header(capture)})
             started = True
             status, error = await _pump(response, capture, send)
         except asyncio.CancelledError:

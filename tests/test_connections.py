@@ -268,3 +268,20 @@ def test_a_kept_alive_connection_outlives_the_clients_pool(tmp_path, upstream):
     finally:
         tt.signal(signal.SIGTERM)
         tt.wait(10)
+
+
+def test_a_websocket_request_is_refused_in_words_and_its_key_never_logged(guarded, upstream, caplog):
+    """OpenAI Realtime and Gemini Live open WebSockets, the key often in the query. They
+    are not forwarded: a 501 that says so, and the address is logged nowhere."""
+    tt = guarded()
+    key = "AIzaSyD-THISISASECRETKEY1234567"
+    s = connect(tt.server.port)
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"):  # where uvicorn logs a WebSocket's address
+        s.sendall(f"GET /ws/live?key={key} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        (answer,) = wait_all_closed([s], within=5)
+        assert answer.startswith(b"HTTP/1.1 501 ") and b"does not forward WebSocket" in answer
+        upstream.routes["/chat/completions"] = Reply.sse(SSE)
+        assert httpx.post(f"{tt.url}/chat/completions", json=REQ).status_code == 200  # it goes on serving
+    assert [got.path for got in upstream.received] == ["/chat/completions"]
+    assert key not in caplog.text and "asked for a WebSocket" in caplog.text

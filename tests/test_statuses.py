@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
 import socket
 import time
@@ -12,8 +14,9 @@ import pytest
 
 from proxy import apis
 from proxy.connections import Limits
-from proxy.scripted import Reply
-from tests.conftest import free_port
+from proxy.scripted import Reply, ScriptedUpstream
+from tests.conftest import Server, free_port
+from tests.raw_upstream import RawUpstream
 
 
 def chunk(content: str) -> bytes:
@@ -290,3 +293,42 @@ def test_an_unreachable_upstream_is_one_log_line_without_secrets(make_tooltap, c
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "tooltap"]
     assert len(lines) == 1 and "POST /chat/completions" in lines[0] and "127.0.0.1:9" in lines[0]
     assert "Secret" not in lines[0] and "sk-secret" not in lines[0]
+
+
+class NotModified(RawUpstream):
+    """Answers every request on a connection with a 304 that carries the Content-Length of
+    the representation it stands for (RFC 9110 8.6 allows it), and no body."""
+
+    async def _connection(self, reader, writer) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b'HTTP/1.1 304 Not Modified\r\netag: "abc"\r\ncontent-length: 123\r\n\r\n')
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def test_a_304_with_a_content_length_passes_on_a_kept_alive_connection(make_tooltap):
+    with NotModified() as up:
+        tt = make_tooltap(up.url)
+        with httpx.Client(timeout=5) as client:
+            answers = [client.get(f"{tt.url}/v1/files/f1", headers={"if-none-match": '"abc"'}) for _ in range(2)]
+        assert [(r.status_code, r.headers["etag"], r.content) for r in answers] == [(304, '"abc"', b"")] * 2
+        turns = tt.api("/turns")["turns"]
+        assert [(t["status"], t["http_status"]) for t in turns] == [("ok", 304)] * 2
+
+
+def test_named_upstreams_route_and_cut_the_path_as_the_agent_encoded_it(make_tooltap, upstream):
+    """A prefix is matched where the path is cut: on the path as sent. `/%63laude/...`
+    (an encoded "c") is not the `claude` upstream's, nor is `/claude%2Fv1/...`."""
+    other = ScriptedUpstream({"/base/v1/messages": Reply.json({"from": "claude"})})
+    with Server(other) as other_server:
+        tt = make_tooltap(upstream.url, f"claude={other_server.url}/base")
+        for path in ("/claude/v1/messages", "/%63laude/v1/messages", "/claude%2Fv1/messages"):
+            conn = http.client.HTTPConnection("127.0.0.1", tt.server.port, timeout=5)
+            conn.request("POST", path, body=b"{}", headers={"content-type": "application/json"})
+            conn.getresponse().read()
+            conn.close()
+    assert [got.raw_path for got in other.received] == [b"/base/v1/messages"]
+    assert [got.raw_path for got in upstream.received] == [b"/%63laude/v1/messages", b"/claude%2Fv1/messages"]

@@ -307,8 +307,9 @@ class Client:
 
         A pooled connection the upstream closed as it idled (its keep-alive timeout) fails
         the request sent on it before any answer: nothing reached the model, so the request
-        goes once more on a new connection, POST included (Go's net/http and browsers do
-        the same). A new connection that fails is not retried: the model may have started."""
+        goes once more on a new connection, POST included, as browsers do (Go's net/http
+        does it for a POST only when it had written nothing, or the request says it may be
+        replayed). A new connection that fails is not retried: the model may have started."""
         head = _request_head(method, origin, target, headers, length if rest is not None else len(body))
         parts = [body]
         conn = self._pooled(origin)

@@ -235,3 +235,22 @@ def test_turns_stored_before_the_upgrade_are_found_by_their_answer(tmp_path):
     turns = Reader(writer.engine).turns()
     assert len({t["session_id"] for t in turns}) == 1
     assert {t["parent_id"] for t in turns} == {None, min(t["id"] for t in turns)}
+
+
+def test_an_id_of_any_characters_is_looked_up_as_it_is(tmp_path):
+    """Ids are the upstream's: quotes and backslashes must neither break the batch nor miss."""
+    engine = open_database(f"sqlite:///{tmp_path / 't.db'}")
+    ingestor = Ingestor(engine.dialect.name)
+    odd = 'resp_"quoted\\slash'
+    asked = [({"model": "m", "input": "first"}, answer(odd, say="one")),
+             ({"model": "m", "previous_response_id": odd, "input": "second"}, answer("resp_2", say="two"))]
+    items = []
+    for i, (body, response) in enumerate(asked):  # one batch each: the second finds the first stored
+        items.append(ingestor.add(record(i, body, response)))
+        with DB(engine) as db:
+            ingestor.check_epoch(db.connection())
+            ingestor.write(db, items[-1:])
+            db.commit()
+    assert items[1].turn.parent_id == items[0].turn.id
+    assert items[1].turn.session_id == items[0].turn.session_id
+    engine.dispose()

@@ -82,7 +82,7 @@ class Ingested:
     hashes: list[str] = field(default_factory=list)  # the chain's message hashes
     hint: str | None = None  # the session the client named (X-Tooltap-Session)
     title: str | None = None
-    continues: str | None = None  # the answer it continues by reference (apis.base.continues)
+    continues: str | None = None  # the id it names to continue a conversation (apis.base.continues)
     new_session: bool = False
     adopted: list[int] = field(default_factory=list)  # stored turns it became the parent of
     prefix: Prefix | None = None  # this request, as later requests may reuse it (requests.py)
@@ -334,7 +334,8 @@ class Ingestor:
         search.index_messages(conn, self.dialect, messages)
 
         placer = Placer(conn, self.dialect)
-        placements = placer.place_all([Ask(it.chain, it.hint, it.hashes, it.continues, it.turn.continue_id) for it in items])
+        asks = [Ask(it.chain, it.hint, it.hashes, it.continues, it.turn.continue_id) for it in items]
+        placements = placer.place_all(asks)
         nodes: dict[str, dict] = {}
         for it, placement in zip(items, placements):
             it.turn.session_id, it.turn.parent_id = placement.session_id, placement.parent_id

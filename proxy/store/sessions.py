@@ -32,6 +32,7 @@ whose last PROBE hashes are all unknown needs a lookup of its own.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -119,9 +120,11 @@ class Placer:
         self._continued_sql = text("SELECT continue_id, id, session_id, chain_hash, message_count FROM turns "
                                    f"WHERE continue_id {cond} AND chain_hash IS NOT NULL ORDER BY id")
 
-    def _list(self, hashes) -> object:
+    def _list(self, hashes, *, escape: bool = False) -> object:
         if self.postgres:
             return list(hashes)
+        if escape:  # ids as the upstream wrote them
+            return json.dumps(list(hashes))
         return "[" + ",".join(f'"{h}"' for h in hashes) + "]"  # hex digests: nothing to escape
 
     def _nodes(self, hashes) -> dict[str, tuple[str, int]]:
@@ -143,7 +146,7 @@ class Placer:
         id names each of its turns in turn)."""
         if not ids:
             return {}
-        rows = self.conn.execute(self._continued_sql, {"hashes": self._list(ids)})
+        rows = self.conn.execute(self._continued_sql, {"hashes": self._list(ids, escape=True)})
         return {rid: (None, turn_id, session_id, last, count) for rid, turn_id, session_id, last, count in rows}
 
     def place_all(self, asks: list[Ask]) -> list[Placement]:

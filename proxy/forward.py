@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 from . import apis
 from . import upstream as upstream_client
 from .capture import Capture, TurnRecord
-from .config import Settings
+from .config import Settings, Upstream
 from .live import LiveHub
 from .secrets import redact_query, redact_url
 
@@ -66,12 +66,31 @@ def _strip(headers: Headers, also: frozenset[bytes] = frozenset()) -> Headers:
     return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
-def _sendable(status: int, headers: Headers) -> Headers:
-    """A 304's Content-Length is its representation's, with no body: the server would
-    wait for that many bytes and fail the answer. It goes without it (stored as sent)."""
-    if status not in (204, 304):
-        return headers
-    return [(k, v) for k, v in headers if k.lower() != b"content-length"]
+def _sendable(status: int, headers: Headers, upstream: Upstream, base: str) -> Headers:
+    """The upstream's headers as the client gets them (the turn stores them as sent)."""
+    if status in (204, 304):
+        # A 304's Content-Length is its representation's, with no body: the server would
+        # wait for that many bytes and fail the answer.
+        return [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    if 300 <= status < 400:
+        return [(k, _through(v, upstream, base) if k.lower() == b"location" else v) for k, v in headers]
+    return headers
+
+
+def _through(location: bytes, upstream: Upstream, base: str) -> bytes:
+    """A redirect to elsewhere in the upstream, as the address of that place through
+    tooltap (nginx's `proxy_redirect default`). Followed as sent it would leave tooltap
+    (the turn unrecorded), or, from an upstream under a prefix, reach another upstream
+    with this one's key. A redirect anywhere else stays as it is."""
+    loc = location.decode("latin-1")
+    if loc.startswith(upstream.url) and loc[len(upstream.url):][:1] in ("", "/", "?"):
+        rest = loc[len(upstream.url):]
+    elif loc.startswith("/") and not loc.startswith("//") and loc[len(base):][:1] in ("", "/", "?") \
+            and loc.startswith(base):
+        rest = loc[len(base):]
+    else:
+        return location
+    return (upstream.prefix + (rest if rest.startswith("/") else "/" + rest)).encode("latin-1")
 
 
 def _text(headers: Headers) -> list[tuple[str, str]]:
@@ -203,7 +222,7 @@ class Forwarder:
                 response.header("content-encoding"),
             )
             await send({"type": "http.response.start", "status": response.status,
-                        "headers": _sendable(response.status, resp_headers) + _turn_header(capture)})
+                        "headers": _sendable(response.status, resp_headers, upstream, base) + _turn_header(capture)})
             started = True
             status, error = await _pump(response, capture, send)
         except asyncio.CancelledError:

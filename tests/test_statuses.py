@@ -332,3 +332,26 @@ def test_named_upstreams_route_and_cut_the_path_as_the_agent_encoded_it(make_too
             conn.close()
     assert [got.raw_path for got in other.received] == [b"/base/v1/messages"]
     assert [got.raw_path for got in upstream.received] == [b"/%63laude/v1/messages", b"/claude%2Fv1/messages"]
+
+
+def test_a_redirect_within_the_upstream_stays_within_tooltap(make_tooltap, upstream):
+    """Followed as sent, a redirect would leave tooltap (its turn unrecorded) or, from an
+    upstream under a prefix, reach the root upstream with this one's key. The client gets
+    the same place through tooltap; the turn keeps the Location as the upstream sent it."""
+    def moved(location: str) -> Reply:
+        return Reply(307, [("location", location), ("content-length", "0")], [])
+
+    other = ScriptedUpstream()
+    with Server(other) as other_server:
+        base = f"{other_server.url}/base"
+        other.routes.update({"/base/a": moved("/base/v2/messages?x=1"), "/base/b": moved(f"{base}/v3"),
+                             "/base/c": moved("https://elsewhere.example/x"), "/base/d": moved("/basement/x")})
+        upstream.routes["/e"] = moved(f"{upstream.url}/v1/z")
+        tt = make_tooltap(upstream.url, f"claude={base}")
+        got = {path: httpx.get(tt.url + path).headers["location"]
+               for path in ("/claude/a", "/claude/b", "/claude/c", "/claude/d", "/e")}
+    assert got == {"/claude/a": "/claude/v2/messages?x=1", "/claude/b": "/claude/v3",
+                   "/claude/c": "https://elsewhere.example/x", "/claude/d": "/basement/x", "/e": "/v1/z"}
+    stored = {t["path"]: t["id"] for t in tt.api("/turns")["turns"]}
+    headers = dict(tt.api(f"/turns/{stored['/claude/a']}")["response_headers"])
+    assert headers["location"] == "/base/v2/messages?x=1"

@@ -29,8 +29,8 @@ def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> s
     lines = [f"curl -sS -X {turn.get('method') or 'POST'} {_quote_url(url)}"]
     for name, value in turn.get("request_headers") or []:
         low = name.lower()
-        if low in SKIP:
-            continue
+        if low in SKIP or (low == "content-encoding" and turn.get("request_encoding") == "json"):
+            continue  # (a compressed body is stored and given decoded when it parsed: it goes so)
         if is_secret_name(low):
             scheme = value.split(" ", 1)[0] if " " in value else ""
             value = f"{scheme} $API_KEY" if scheme else "$API_KEY"

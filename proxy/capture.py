@@ -31,6 +31,7 @@ from .sse import SSEDecoder, data_only, named_events
 RAW_IN_MEMORY = 2 * 1024 * 1024
 TIMELINE_MAX = 4096  # chunk arrivals kept per turn; later ones are dropped from the timeline only
 CLOSING_TAIL = 4096  # bytes read back, on a client's hang-up, to find the stream's closing event
+CLOSING_DECODE_MAX = 8 << 20  # a compressed stream decoded, on a hang-up, to find it (on the event loop)
 
 
 @dataclass
@@ -117,6 +118,22 @@ class RawBuffer:
         end = self._file.tell()
         return os.pread(self._file.fileno(), n, max(0, end - n))  # mkstemp's descriptor reads too
 
+    def chunks(self, size: int = 1 << 16):
+        """What was written so far, in pieces of `size` bytes."""
+        if self._memory is not None:
+            with self._memory.getbuffer() as view:
+                for i in range(0, len(view), size):
+                    yield bytes(view[i:i + size])
+            return
+        self._file.flush()
+        end, at = self._file.tell(), 0
+        while at < end:
+            piece = os.pread(self._file.fileno(), min(size, end - at), at)
+            if not piece:
+                return
+            yield piece
+            at += len(piece)
+
     def hand_over(self) -> bytes | str:
         """The bytes, or the path of the closed file that holds them."""
         if self._memory is not None:
@@ -131,37 +148,85 @@ class RawBuffer:
         self._memory, self._file = io.BytesIO(), None
 
 
+def codings(content_encoding: str | None) -> list[str]:
+    """The codings a Content-Encoding value names, in the order they were applied:
+    case-insensitive (RFC 9110), `identity` and empty members left out."""
+    if not content_encoding:
+        return []
+    return [c for c in (part.strip().lower() for part in content_encoding.split(",")) if c and c != "identity"]
+
+
+def header_values(headers, name: str) -> str | None:
+    """Every value of a header, joined as one list (`name` lower-case): a header sent on
+    several lines, such as stacked codings, reads as one."""
+    values = [v for k, v in headers if k.lower() == name]
+    return ", ".join(values) if values else None
+
+
 class Decompressor:
     """Undo a Content-Encoding chunk by chunk, for capture and replay only; the client
-    gets the bytes as sent."""
+    gets the bytes as sent. Stacked codings (`deflate, gzip`) are undone last first; none
+    (`identity`) gives the bytes back."""
 
-    def __init__(self, encoding: str) -> None:
+    def __init__(self, encoding: str | None) -> None:
         self.encoding = encoding
-        if encoding in ("gzip", "x-gzip"):
-            self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._d = zlib.decompressobj()
-        elif encoding == "br":
+        self.steps = [self._step(c, encoding) for c in reversed(codings(encoding))]
+
+    @staticmethod
+    def _step(coding: str, encoding: str | None):
+        if coding in ("gzip", "x-gzip"):
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress
+        if coding == "deflate":
+            return zlib.decompressobj().decompress
+        if coding == "br":
             import brotli
 
-            self._d = brotli.Decompressor()
-        elif encoding == "zstd":
+            return brotli.Decompressor().process
+        if coding == "zstd":
             import zstandard
 
-            self._d = zstandard.ZstdDecompressor().decompressobj()
-        else:
-            raise ValueError(f"unsupported content-encoding {encoding!r}")
+            return zstandard.ZstdDecompressor().decompressobj().decompress
+        raise ValueError(f"unsupported content-encoding {encoding!r}")
 
     def __call__(self, chunk: bytes) -> bytes:
-        if self.encoding == "br":
-            return self._d.process(chunk)
-        return self._d.decompress(chunk)
+        for step in self.steps:
+            chunk = step(chunk)
+        return chunk
 
 
-def decompress(data: bytes, encoding: str | None) -> bytes:
-    if not encoding or encoding == "identity":
-        return data
-    return Decompressor(encoding)(data)
+class TooLarge(ValueError):
+    pass
+
+
+def decompress(data: bytes, encoding: str | None, limit: int | None = None) -> bytes:
+    """`data` decoded. Past `limit` decoded bytes, TooLarge, before more is decoded: a few
+    hundred bytes of br or zstd can hold gigabytes."""
+    if limit is None:
+        return Decompressor(encoding)(data)
+    Decompressor(encoding)  # an unsupported coding says so, as unbounded
+    for coding in reversed(codings(encoding)):
+        if coding == "br":
+            import brotli
+
+            d = brotli.Decompressor()
+            out = d.process(data, output_buffer_limit=limit + 1)
+            more = not d.can_accept_more_data()
+        elif coding == "zstd":
+            import zstandard
+
+            reader, pieces, size = zstandard.ZstdDecompressor().stream_reader(data), [], 0
+            while size <= limit and (piece := reader.read(limit + 1 - size)):
+                pieces.append(piece)
+                size += len(piece)
+            out, more = b"".join(pieces), False
+        else:  # gzip, deflate
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS if coding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+            out = d.decompress(data, limit + 1)
+            more = bool(d.unconsumed_tail)
+        if more or len(out) > limit:
+            raise TooLarge(f"more than {limit} bytes once decompressed")
+        data = out
+    return data
 
 
 class StreamAssembly:
@@ -175,11 +240,11 @@ class StreamAssembly:
         self._sse: SSEDecoder | None = SSEDecoder()
         self._assembler = api.new_assembler()
         self._decompress = None
-        if content_encoding and content_encoding != "identity":
-            try:
-                self._decompress = Decompressor(content_encoding)
-            except Exception as exc:
-                self._fail(exc)
+        try:
+            d = Decompressor(content_encoding)
+            self._decompress = d if d.steps else None
+        except Exception as exc:
+            self._fail(exc)
 
     def feed(self, chunk: bytes) -> None:
         if self._sse is None:
@@ -297,6 +362,7 @@ class Capture:
         self._raw_ok = True
         self._size = 0
         self._assembly: StreamAssembly | None = None  # only while watched live
+        self._encoding: str | None = None  # the response's Content-Encoding
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self._t0) * 1000
@@ -310,6 +376,8 @@ class Capture:
         rec.http_status = status
         rec.response_headers = headers
         rec.stream = content_type.startswith("text/event-stream")
+        # Every line of the header: codings may be stacked on several.
+        content_encoding = self._encoding = header_values(headers, "content-encoding") or content_encoding
         if self.live is not None and self.live.watched:
             rec.live_id = self.live.new_id()
             if rec.stream and self.api is not None:
@@ -353,7 +421,25 @@ class Capture:
         whole answer, whatever follows it on the wire."""
         if not (self.record.stream and self._raw_ok and self.api is not None):
             return False
-        return self.api.stream_closed(self._raw.tail(CLOSING_TAIL))
+        return self.api.stream_closed(self._decoded_tail())
+
+    def _decoded_tail(self) -> bytes:
+        """The stream's last CLOSING_TAIL bytes as the client's SDK read them: decoded.
+        A compressed stream's end does not decode alone, so it is decoded from its
+        first byte, here rather than chunk by chunk as it passed: only on a hang-up."""
+        if not codings(self._encoding):
+            return self._raw.tail(CLOSING_TAIL)
+        if self._size > CLOSING_DECODE_MAX:
+            return b""  # too long to decode on the event loop: taken for a client that gave up
+        tail = b""
+        try:
+            decode = Decompressor(self._encoding)
+            for chunk in self._raw.chunks():
+                out = decode(chunk)
+                tail = out[-CLOSING_TAIL:] if len(out) >= CLOSING_TAIL else (tail + out)[-CLOSING_TAIL:]
+        except Exception:  # an unknown coding, damaged bytes: no closing event to be sure of
+            return b""
+        return tail
 
     def finish(self, status: str | None = None, error: str | None = None) -> TurnRecord:
         rec = self.record

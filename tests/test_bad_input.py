@@ -62,14 +62,14 @@ def test_bytes_come_back_exact_and_say_how_they_are_written(tooltap, upstream):
     upstream.routes["/chat/completions"] = OK
     binary = bytes(range(256)) * 4
     bad_utf8 = b'{"model":"m","messages":[{"role":"user","content":"caf\xe9 \xff"}]}'
-    zipped = gzip.compress(json.dumps({"model": "m", "messages": [{"role": "user", "content": "zip"}]}).encode())
+    zipped = gzip.compress(b"\xff not UTF-8 once decompressed")
     for body, headers in [(binary, {"content-type": "application/octet-stream"}), (bad_utf8, JSON),
                           (zipped, {**JSON, "content-encoding": "gzip"})]:
         turn = send(tooltap, body, headers)
         assert upstream.received[-1].body == body
         assert turn["request_encoding"] == "base64"
-        assert base64.b64decode(turn["request"]) == body
-    assert "not UTF-8" in turn["error"]
+        assert base64.b64decode(turn["request"]) == body  # as sent: compressed
+    assert "not UTF-8 text once decompressed (content-encoding 'gzip')" in turn["error"]
 
     plain = "plain text, not JSON: é ✓".encode()
     turn = send(tooltap, plain, {"content-type": "text/plain"})

@@ -68,3 +68,22 @@ def test_the_copied_command_sends_the_body_as_sent(tooltap, upstream, page, tmp_
     assert len(upstream.received) == 2
     assert upstream.received[-1].body == sent
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_compressed_request_stored_decoded_is_sent_decoded(tooltap, upstream, tmp_path):
+    """A gzip request body is stored parsed: the command sends that JSON, without the
+    Content-Encoding that no longer describes it."""
+    import gzip
+    import json
+
+    upstream.routes["/chat/completions"] = Reply.json({"ok": True})
+    request = {"model": "m", "messages": [{"role": "user", "content": "zipped"}]}
+    r = httpx.post(f"{tooltap.url}/chat/completions", content=gzip.compress(json.dumps(request).encode()),
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 200
+    turn = tooltap.api(f"/turns/{tooltap.api('/turns')['turns'][0]['id']}")
+    assert turn["request_encoding"] == "json"
+    subprocess.run(["bash", "-c", as_curl(turn, tooltap.url)], cwd=tmp_path, check=True, timeout=30,
+                   capture_output=True)
+    assert upstream.received[-1].header("content-encoding") is None
+    assert upstream.received[-1].json() == request

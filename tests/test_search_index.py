@@ -17,7 +17,7 @@ from inspector_ui import queries
 from inspector_ui.queries import Filters, Queries
 from proxy.capture import TurnRecord
 from proxy.scripted import Reply
-from proxy.store import search
+from proxy.store import ingest, search
 from proxy.store.db import alembic_config, make_engine
 from proxy.store.read import Reader
 from tests.test_writer_speed import Store, schema_engine
@@ -257,8 +257,10 @@ def test_a_message_in_the_oldest_of_many_sessions_is_found(engine_at):
 
 def test_the_migration_indexes_a_database_stored_before_it(engine_at, monkeypatch):
     engine = engine_at("0007")
-    with monkeypatch.context() as m:  # the writer as it was at 0007: no index to feed
+    with monkeypatch.context() as m:  # the writer as it was at 0007: no index to feed, no continue_id (0011)
         m.setattr(search, "index_messages", lambda *a, **k: None)
+        row = ingest._turn_row
+        m.setattr(ingest, "_turn_row", lambda turn: {k: v for k, v in row(turn).items() if k != "continue_id"})
         store = Store(engine)
         store.batch(coding_session(1_700_000_000))
         store.batch([chat(1_700_000_100, "weather in Paris")])

@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session as DB
 
 from .. import apis
-from ..capture import TurnRecord, assemble, decompress, model_in_path
+from ..capture import TurnRecord, assemble, codings, decompress, header_values, model_in_path
 from . import content, search
 from .db import PRUNE_LOCK
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
@@ -162,8 +162,23 @@ class Ingestor:
         api = apis.by_name(rec.api)
         body = rec.body()
         uid = getattr(rec, "uid", None) or uuid.uuid4().hex
-        parsed = self._requests.parse(body, api.keys.messages if api and api.keys else None, uid,
-                                      getattr(rec, "extends", None))
+        key = api.keys.messages if api and api.keys else None
+        coding = header_values(rec.request_headers, "content-encoding")
+        undecoded = False
+        if codings(coding) and len(body):
+            # Parsed decoded, kept as sent. What the journal says this body shares with
+            # another is about its compressed bytes: neither taken nor given (no uid for
+            # a later body to name).
+            try:
+                decoded = decompress(bytes(body), coding, JSON_MAX)
+            except Exception as exc:
+                parsed, undecoded = Parsed(None, f"cannot decompress (content-encoding {coding!r}: {exc})"), True
+            else:
+                parsed = self._requests.parse(decoded, key)
+                if parsed.problem:
+                    parsed.problem += f" once decompressed (content-encoding {coding!r})"
+        else:
+            parsed = self._requests.parse(body, key, uid, getattr(rec, "extends", None))
         request, request_problem = parsed.value, parsed.problem
         response, response_note = self._response(rec, api)
         sha = None if rec.raw_sha256 else hashlib.sha256()  # the hot path leaves it to the writer
@@ -179,9 +194,10 @@ class Ingestor:
             raw=content.compress_chunks(raw, 6 if rec.raw_size < (8 << 20) else 1),
             raw_size=rec.raw_size, raw_sha256=rec.raw_sha256 or sha.hexdigest(),
             content_type=_header(rec.response_headers, "content-type"),
-            content_encoding=_header(rec.response_headers, "content-encoding"),
+            content_encoding=header_values(rec.response_headers, "content-encoding"),
             timeline=content.pack(rec.timeline) if rec.timeline else None,
-            error="; ".join(e for e in (rec.error, _request_note(rec, request_problem), response_note) if e) or None,
+            error="; ".join(e for e in (rec.error, _request_note(rec, request_problem, undecoded), response_note)
+                            if e) or None,
             stream_error=rec.stream_error,
             # The journal's id: a turn read again is never stored twice. A turn from
             # elsewhere gets one too: the batch insert matches rows to turns by it.
@@ -231,7 +247,7 @@ class Ingestor:
     def _response(self, rec: TurnRecord, api) -> tuple[Any, str | None]:
         """The response as JSON: assembled from the stream, or the body parsed."""
         if rec.stream and rec.response is None and api is not None and rec.raw_size:
-            assemble(rec, api, _header(rec.response_headers, "content-encoding"))
+            assemble(rec, api, header_values(rec.response_headers, "content-encoding"))
         if rec.response is not None:
             return rec.response, None
         if rec.stream or not rec.raw_size:
@@ -242,7 +258,7 @@ class Ingestor:
         if rec.raw_size > JSON_MAX:
             return None, f"response body: {rec.raw_size} bytes, too large to parse (kept raw)"
         try:
-            body = decompress(rec.raw_bytes(), _header(rec.response_headers, "content-encoding"))
+            body = decompress(rec.raw_bytes(), header_values(rec.response_headers, "content-encoding"), JSON_MAX)
         except Exception as exc:
             return None, f"response body: cannot decompress ({exc})"
         parsed, problem = content.parse_strict(body)
@@ -464,10 +480,12 @@ def _call_row(call: apis.ToolCall) -> dict:
             "choice": call.choice}
 
 
-def _request_note(rec: TurnRecord, problem: str | None) -> str | None:
-    """Say why a body sent as JSON is kept as bytes (a body of another type, an upload,
-    needs no word)."""
-    if problem is None or "json" not in (_header(rec.request_headers, "content-type") or "").lower():
+def _request_note(rec: TurnRecord, problem: str | None, undecoded: bool = False) -> str | None:
+    """Say why a body sent as JSON, or one that could not be decompressed, is kept as
+    bytes (a body of another type, an upload, needs no word)."""
+    if problem is None:
+        return None
+    if not undecoded and "json" not in (_header(rec.request_headers, "content-type") or "").lower():
         return None
     return f"request body: {problem} (kept as sent, unparsed)"
 

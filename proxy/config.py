@@ -73,8 +73,9 @@ class Settings:
     def spool_file(self) -> str:
         if self.spool_path:
             return self.spool_path
-        if self.db_url.startswith("sqlite:///") and self.db_url != "sqlite:///:memory:":
-            return self.db_url[len("sqlite:///"):] + ".spool.jsonl"
+        url = normalize_db_url(self.db_url)  # a bare path is a SQLite file, as everywhere else
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            return url[len("sqlite:///"):] + ".spool.jsonl"
         return "tooltap-spool.jsonl"
 
 

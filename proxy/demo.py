@@ -27,7 +27,7 @@ from typing import Iterator
 import httpx
 import uvicorn
 
-from .config import Settings, Upstream
+from .config import Settings, Upstream, normalize_db_url
 from .scripted import Dropped, Received, Reply, ScriptedUpstream
 
 DATA = Path(__file__).parent / "demo_data"
@@ -344,21 +344,28 @@ class Demo:
 @contextmanager
 def running(db_url: str | None = None, host: str = "127.0.0.1", port: int | None = None,
             ui_token: str | None = None) -> Iterator[Demo]:
-    """tooltap and its scripted upstream, both served in this process."""
+    """tooltap and its scripted upstream, both served in this process. `db_url` as
+    `serve --db` takes it (a bare path is a SQLite file): its spool and journal go beside
+    it, as serve's do; without one, a database in a temporary folder removed at the end."""
     from .app import TooltapApp
     from .mcp.store import Recorder
+    from .store.db import sqlite_path
+    from .store.files import create_private
 
     with tempfile.TemporaryDirectory(prefix="tooltap-demo-") as tmp:
         started: list[Served] = []  # stopped whatever happens, before the folder goes
         recorder = None
         try:
+            db_url = normalize_db_url(db_url) if db_url else f"sqlite:///{tmp}/demo.db"
+            if (path := sqlite_path(db_url)) is not None:
+                create_private(str(path))  # owner-only, as serve makes it (its -wal and -shm follow)
             router = Router()
             upstream = Served(ScriptedUpstream({"/chat/completions": router, "/v1/messages": router}),
                               "127.0.0.1", free_port())
             started.append(upstream)
             upstream.start()
             settings = Settings(upstreams=(Upstream.parse(f"http://127.0.0.1:{upstream.port}"),),
-                                db_url=db_url or f"sqlite:///{tmp}/demo.db", ui_token=ui_token)
+                                db_url=db_url, ui_token=ui_token)
             app = TooltapApp(settings)
             server = Served(app, host, port or free_port(host))
             started.append(server)

@@ -22,7 +22,7 @@ installing tooltap is enough. Outside pytest, `serve_cassette(path)` does the sa
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -54,6 +54,9 @@ class Answer:
     response: Any  # the provider's non-streaming response (assembled when streamed)
     calls: list[Call] = field(default_factory=list)  # decoded, as the inspector shows them
     stream_error: dict | None = None
+    # The connection dropped before the answer's end: `body` is what came before the cut
+    # (a turn the upstream aborted replays so; the exported test fails on any other cut).
+    cut_short: bool = False
 
 
 class ServedCassette:
@@ -74,19 +77,29 @@ class ServedCassette:
         return self.upstream.misses
 
     def send(self, index: int, client: httpx.Client | None = None) -> Answer:
-        """Send recorded request `index` to the cassette and assemble the answer."""
+        """Send recorded request `index` to the cassette and assemble the answer. A
+        connection dropped mid-body is not raised: the answer says `cut_short`, with the
+        bytes that came, so a test can check that a recorded abort replays as one."""
         i = self.interactions[index]
         body = i.request if isinstance(i.request, str) else json.dumps(i.request, ensure_ascii=False)
         headers = dict(i.request_headers)
         headers[WANTED_HEADER.decode()] = str(index)
-        if client is None:
-            with httpx.Client(timeout=60) as own:
-                r = own.request(i.method, self.url + i.path, content=body.encode("utf-8"), headers=headers)
-        else:
-            r = client.request(i.method, self.url + i.path, content=body.encode("utf-8"), headers=headers)
+        with ExitStack() as stack:
+            if client is None:
+                client = stack.enter_context(httpx.Client(timeout=60))
+            r = stack.enter_context(client.stream(i.method, self.url + i.path, content=body.encode("utf-8"),
+                                                  headers=headers))
+            received, cut_short = bytearray(), False
+            try:
+                for data in r.iter_bytes():
+                    received += data
+            except (httpx.RemoteProtocolError, httpx.ReadError):  # the peer closed it mid-body
+                cut_short = True
         self.check()
-        return calls_in(i.api, i.request, r.status_code, r.headers.get("content-type", ""), r.content,
-                        self.cassette.session.get("mcp_servers"))
+        answer = calls_in(i.api, i.request, r.status_code, r.headers.get("content-type", ""), bytes(received),
+                          self.cassette.session.get("mcp_servers"))
+        answer.cut_short = cut_short
+        return answer
 
     def check(self) -> None:
         """Fail on every miss not reported yet."""

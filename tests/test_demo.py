@@ -3,11 +3,20 @@ inspector refuses to face a network without a token."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
 import httpx
 from click.testing import CliRunner
 
 from proxy import demo
 from proxy.cli import main
+from proxy.config import Settings
+from tests.conftest import free_port
 
 
 def test_demo_plays_every_scenario_through_tooltap(tmp_path):
@@ -87,3 +96,64 @@ def test_loopback_hosts():
     assert all(is_loopback_name(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.1.2.3"))
     assert not any(is_loopback_name(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com",
                                                   "127.0.0.1.attacker.example", "localhost.evil"))
+
+
+def _demo(args: list[str], cwd, tmp, log) -> subprocess.Popen:
+    """`tooltap demo` started from `cwd`, its temporary folder in `tmp`, once its sessions
+    are played."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    for name in ("TOOLTAP_DB", "TOOLTAP_SPOOL", "TOOLTAP_JOURNAL", "TOOLTAP_UI_TOKEN"):
+        env.pop(name, None)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "demo", "--live-every", "0",
+                                 "--port", str(free_port()), *args], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "Ctrl-C to stop" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(log.read_text(errors="replace"))
+        time.sleep(0.1)
+    return proc
+
+
+def _modes(folder, pattern: str) -> dict[str, str]:
+    return {p.name: oct(p.stat().st_mode & 0o777) for p in folder.glob(pattern)}
+
+
+def test_demo_keeps_its_journal_beside_its_database_and_leaves_no_file_behind(tmp_path):
+    """`demo --db PATH` (a bare path) stores as `serve --db PATH` does: spool and journal
+    beside the database, never in the folder it was started from; the demo's own temporary
+    database is owner-only, as serve makes a database, and goes with its folder."""
+    cwd, tmp, data = tmp_path / "cwd", tmp_path / "tmp", tmp_path / "data"
+    for folder in (cwd, tmp, data):
+        folder.mkdir()
+    for args in ([], ["--db", str(data / "x.db")]):
+        log = tmp_path / f"demo{len(args)}.log"
+        proc = _demo(args, cwd, tmp, log)
+        try:
+            if args:
+                assert (data / ".x.db.journal").is_dir()
+                database = _modes(data, "x.db*")
+            else:
+                (own,) = tmp.glob("tooltap-demo-*")
+                database = _modes(own, "demo.db*")
+            assert "demo.db" in database or "x.db" in database, database
+            assert set(database.values()) == {"0o600"}, database  # the -wal and -shm too
+            assert list(cwd.iterdir()) == []
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == [], log.read_text()
+        assert "Traceback" not in log.read_text()
+    with sqlite3.connect(data / "x.db") as db:
+        assert db.execute("SELECT count(*) FROM turns").fetchone()[0] >= 10
+
+
+def test_a_bare_database_path_has_its_spool_beside_it():
+    settings = Settings(upstreams=(), db_url="/srv/tooltap/x.db")
+    assert settings.spool_file() == "/srv/tooltap/x.db.spool.jsonl"
+    assert Settings(upstreams=(), db_url="sqlite:///x.db").spool_file() == "x.db.spool.jsonl"
+    assert Settings(upstreams=(), db_url="postgres://h/db").spool_file() == "tooltap-spool.jsonl"

@@ -167,6 +167,37 @@ def test_a_mitmproxy_har_is_stored_as_if_it_had_passed_through(tmp_path):
     assert _run("export", single, "--db", everything, "--har", str(one)).strip() == f"wrote {one} (1 entry)"
 
 
+def test_a_key_pasted_into_a_body_is_exported_with_a_warning(tooltap, upstream, tmp_path):
+    """A HAR holds the bodies, so the key goes out with them (the pytest export refuses
+    the session instead): one line on stderr says how many and where, not the key."""
+    import httpx
+
+    from proxy.scripted import Reply
+
+    pasted = "sk-proj-Zq8vN2xK4mR7tY1wB5cH9jL3pD6fG0sA"
+    upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "Done."}, "finish_reason": "stop"}]})
+    first = {"model": "m", "messages": [{"role": "user", "content": f"use my key {pasted} please"}]}
+    second = {**first, "messages": [*first["messages"], {"role": "assistant", "content": "Done."},
+                                    {"role": "user", "content": "thanks"}]}
+    for body in (first, second):  # the key again in the second request's history
+        r = httpx.post(f"{tooltap.url}/chat/completions", json=body, timeout=10,
+                       headers={"authorization": "Bearer sk-cline-secret-0123456789abcdef"})
+        assert r.status_code == 200
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]["id"]
+    path = tmp_path / "s.har"
+    result = CliRunner().invoke(main, ["export", session, "--db", str(tooltap.db_path), "--har", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"wrote {path} (2 entries)\n"
+    assert pasted in path.read_text(encoding="utf-8")  # written all the same: a HAR is meant to hold bodies
+    (warning,) = result.stderr.splitlines()
+    assert warning.startswith(f"warning: {path} holds 2 key-like value(s) in clear: ")
+    assert "turn 1 request body $.messages[0].content: an sk- API key (…" in warning
+    assert "turn 2 request body $.messages[0].content: an sk- API key (…" in warning
+    assert pasted not in warning and "authorization" not in warning  # headers hold fingerprints
+
+
 def test_import_errors_are_one_line(tmp_path):
     runner = CliRunner()
     cases = {

@@ -200,10 +200,90 @@ def test_tests_are_named_by_the_turn_s_place_whatever_its_id(tooltap, upstream, 
     assert [line.split("::")[1] for line in r.stdout.splitlines() if "::" in line] == [
         f"test_turn[turn{n}]" for n in (1, 2, 3, 4)]
 
-    # A folder in a folder that is not there: a mistyped path is said, not made.
-    typo = tmp_path / "no-such-dir" / "tests"
-    out = CliRunner().invoke(main, ["export", session, "--pytest", str(typo), "--db", f"sqlite:///{tooltap.db_path}"])
-    assert out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()
+
+def test_a_stream_the_upstream_aborted_is_expected_to_end_the_same_way(tooltap, upstream, tmp_path):
+    """The recorded answer stops mid-body: its exported test expects the same bytes, then the
+    same abrupt end. It passes as written, and fails when the replay ends otherwise: whole
+    where the recording was cut, or cut where it was whole."""
+    from proxy.demo import chat_sse, words
+
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    sse = chat_sse("m", [{"tool_calls": [call]}] + words("and a long answer after it"), finish="tool_calls")
+    upstream.routes["/chat/completions"] = Reply.sse(sse, drop_after=4)
+    with pytest.raises(httpx.RemoteProtocolError):  # what the agent saw
+        httpx.post(f"{tooltap.url}/chat/completions", timeout=10,
+                   json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "weather?"}]})
+    session, result = export(tooltap, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert tooltap.api(f"/sessions/{session}")["turns"][0]["status"] == "upstream_aborted"
+    cassette_path, module = next(tmp_path.glob("*.cassette.json")), next(tmp_path.glob("test_*.py"))
+    source = module.read_text()
+    assert "tool='get_weather'" in source and "    ], CUT_SHORT),\n" in source
+    assert max(len(line) for line in source.splitlines()) <= 120
+    r = run_pytest(tmp_path)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+    # The cassette no longer drops the connection: the replay ends whole, and that fails.
+    text = cassette_path.read_text()
+    doc = json.loads(text)
+    assert doc["interactions"][0]["response"].pop("cut_short") is True
+    cassette_path.write_text(json.dumps(doc))
+    r = run_pytest(tmp_path)
+    assert r.returncode == 1 and "1 failed" in r.stdout, r.stdout + r.stderr
+    assert "turn 1: the answer ended whole, the recorded one was cut short" in r.stdout
+    assert "RemoteProtocolError" not in r.stdout
+
+    # The module expects a whole answer where the cassette cuts it: that fails too, saying so.
+    cassette_path.write_text(text)
+    module.write_text(source.replace("], CUT_SHORT),", "]),"))
+    r = run_pytest(tmp_path)
+    assert r.returncode == 1 and "1 failed" in r.stdout, r.stdout + r.stderr
+    assert "turn 1: the connection dropped after" in r.stdout and "the recorded answer ended whole" in r.stdout
+    assert "RemoteProtocolError" not in r.stdout
+
+
+def test_export_makes_the_folders_it_needs_and_refuses_a_path_it_cannot_use(tooltap, upstream, tmp_path,
+                                                                            monkeypatch):
+    upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "Hello."}, "finish_reason": "stop"}]})
+    httpx.post(f"{tooltap.url}/chat/completions", timeout=10,
+               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]["id"]
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+
+    def run(directory: str):
+        return CliRunner().invoke(main, ["export", session, "--pytest", directory,
+                                         "--db", f"sqlite:///{tooltap.db_path}"])
+
+    # As the README writes it, in a project without tests/ yet: both folders are made,
+    # owner-only as the files in them (prompts and answers).
+    out = run("tests/recorded/")
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines()[0].startswith("wrote tests/recorded/session_")
+    assert [oct(p.stat().st_mode & 0o777) for p in (project / "tests", project / "tests/recorded")] == ["0o700"] * 2
+    assert sorted(p.stat().st_mode & 0o777 for p in (project / "tests/recorded").iterdir()) == [0o600, 0o600]
+
+    # A file in the way, or where the folder should be: one line, exit 2, nothing made.
+    (project / "notes").write_text("a file")
+    for directory in ("notes/recorded", "notes"):
+        out = run(directory)
+        assert out.exit_code == 2, out.output
+        assert out.output == f"Error: cannot write into {directory}: {project / 'notes'} is not a folder\n"
+    # A folder that cannot be made: said in one line, and the folders made before it are removed.
+    out = run("made/" + "x" * 300)
+    assert out.exit_code == 2 and out.output.startswith("Error: cannot write into made/")
+    assert out.output.endswith(": File name too long\n") and len(out.output.splitlines()) == 1
+    assert not (project / "made").exists()
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = project / "locked"
+        locked.mkdir(mode=0o500)
+        out = run("locked/tests/recorded")
+        assert out.exit_code == 2 and out.output.endswith(": Permission denied\n"), out.output
+        assert list(locked.iterdir()) == []
 
 
 def test_export_refuses_a_key_left_in_the_session(tooltap, upstream, tmp_path):

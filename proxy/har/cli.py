@@ -19,7 +19,7 @@ class HarProblem(click.ClickException):
 def write_har(db_url: str, session_id: str, path: str) -> int:
     """`tooltap export SESSION --har FILE`: returns the number of entries written."""
     from ..replay.recording import RecordingError, open_reader
-    from .export import session_har
+    from .export import har_secrets, session_har
 
     try:
         har = session_har(open_reader(db_url), session_id)
@@ -37,6 +37,12 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
         write_private(target, data)  # prompts and answers: the owner's alone, as the database is
     except OSError as exc:
         raise HarProblem(f"cannot write {path}: {exc.strerror or exc}") from None
+    # A HAR is meant to hold the bodies, so a key pasted into one is written all the same
+    # (the pytest export refuses it): the user is told, before sharing the file.
+    found = [str(f) for f in har_secrets(har)]
+    if found:
+        shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+        click.echo(f"warning: {path} holds {len(found)} key-like value(s) in clear: {shown}", err=True)
     return len(har["log"]["entries"])
 
 

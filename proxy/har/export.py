@@ -34,6 +34,43 @@ def session_har(reader: Reader, session_id: str) -> dict:
     return har_log([entry(reader, t["id"], *stored.get(t["id"], (None, None))) for t in session["turns"]])
 
 
+def har_secrets(har: dict) -> list:
+    """Key-like values left in clear in the log (a key pasted into a prompt, say; the
+    store fingerprints only those in headers and the query), found by the search
+    `tooltap export --pytest` refuses them with. Each says where: `turn N` (its place in
+    the session) and the field, with a JSON path into a JSON body."""
+    from ..replay.cassette import find_in
+
+    out = []
+    for n, e in enumerate(har["log"]["entries"], 1):
+        request, response = e.get("request") or {}, e.get("response") or {}
+        turn = f"turn {n}"
+        out += find_in(request.get("url", ""), f"{turn} request URL")
+        for side, message in (("request", request), ("response", response)):
+            for h in message.get("headers") or []:
+                out += find_in(h.get("value", ""), f"{turn} {side} header {h.get('name')}")
+        post = request.get("postData") or {}
+        out += _body_secrets(post.get("text"), post.get("_encoding"), f"{turn} request body")
+        content = response.get("content") or {}
+        out += _body_secrets(content.get("text"), content.get("encoding"), f"{turn} response body")
+        out += find_in(e.get(TOOLTAP_FIELD) or {}, f"{turn} {TOOLTAP_FIELD}")
+    return out
+
+
+def _body_secrets(text: str | None, encoding: str | None, where: str) -> list:
+    """A JSON body is searched parsed, so a finding gets its path ($.messages[0].content)."""
+    from ..replay.cassette import find_in
+
+    if not text:
+        return []
+    try:
+        if encoding == "base64":
+            text = base64.b64decode(text).decode("utf-8", "replace")
+        return find_in(json.loads(text), f"{where} $")
+    except ValueError:
+        return find_in(text, where)
+
+
 def har_log(entries: list[dict]) -> dict:
     return {"log": {"version": "1.2", "creator": {"name": "tooltap", "version": _version()},
                     "pages": [], "entries": entries}}

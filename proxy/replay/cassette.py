@@ -223,6 +223,14 @@ def find_secrets(cassette: Cassette) -> list[Finding]:
     return out
 
 
+def find_in(value: Any, where: str) -> list[Finding]:
+    """Everything key-like in a JSON value, each with its path from `where` (the same
+    search, for another file the export writes: a HAR)."""
+    out: list[Finding] = []
+    _walk(value, where, out)
+    return out
+
+
 def _walk(value: Any, where: str, out: list[Finding]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():

@@ -208,7 +208,8 @@ def _pair(text: str, option: str, shape: str, sep: str = "=") -> tuple[str, str]
 @click.argument("session_id", metavar="SESSION")
 @db_option
 @click.option("--pytest", "pytest_dir", metavar="DIR", default=None,
-              help="Write a cassette and a pytest module that replays SESSION offline into DIR.")
+              help="Write a cassette and a pytest module that replays SESSION offline into DIR "
+                   "(made, with its parents, if missing).")
 @click.option("--har", "har_path", metavar="FILE", default=None,
               help="Write SESSION as a HAR 1.2 file (browser devtools, mitmproxy; `tooltap import` reads it).")
 def export(session_id, db_url, pytest_dir, har_path) -> None:

@@ -11,6 +11,7 @@ Nothing is written when anything key-like is left in what would be written.
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
     stem = "session_" + (re.sub(r"\W+", "_", recording.session_id, flags=re.ASCII).strip("_")[:48] or "x")
     cassette_name, module_name = f"{stem}.cassette.json", f"test_{stem}.py"
     cassette_text = cassette.dumps()
-    module_text = pytest_module(recording, cassette_name)
+    cut_short = {i.turn_id for i in cassette.interactions if i.cut_short}
+    module_text = pytest_module(recording, cassette_name, cut_short)
 
     found = [str(f) for f in find_secrets(cassette)]
     found += [f"{module_name} line {n}: {kind}" for n, line in enumerate(module_text.splitlines(), 1)
@@ -45,19 +47,49 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
         raise ExportError(f"refusing to export session {recording.session_id}: {len(found)} key-like "
                           f"string(s) left in it: {shown}. Nothing was written.")
-    if not directory.resolve().parent.is_dir():  # a mistyped path is said, not made (as --har does)
-        raise ExportError(f"cannot write into {directory}: the folder {directory.resolve().parent} does not exist")
+    made = make_folders(directory)
     try:
-        directory.mkdir(exist_ok=True)
         written = [directory / cassette_name, directory / module_name]
         for path, text in zip(written, (cassette_text, module_text)):  # owner-only, as the database is
             write_private(path, text.encode("utf-8"))
     except OSError as exc:
+        _remove_empty(made)
         raise ExportError(f"cannot write into {directory}: {exc.strerror or exc}") from exc
     return written
 
 
-def pytest_module(recording, cassette_name: str) -> str:
+def make_folders(directory: Path) -> list[Path]:
+    """`mkdir -p DIRECTORY` (`tests/recorded/` in a project without `tests/` yet), each
+    folder made owner-only, as what goes in them is. Returns the folders made, outermost
+    first; on failure none is left and the ExportError says why in one line."""
+    missing, existing = [], directory.absolute()
+    while not os.path.lexists(existing):
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ExportError(f"cannot write into {directory}: {existing} is not a folder")
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir(mode=0o700)
+            made.append(folder)
+    except OSError as exc:
+        _remove_empty(made)
+        raise ExportError(f"cannot write into {directory}: {exc.strerror or exc}") from exc
+    return made
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def pytest_module(recording, cassette_name: str, cut_short: set | frozenset = frozenset()) -> str:
+    """The module's text; `cut_short` holds the ids of the turns whose connection the
+    upstream dropped mid-answer (their replay must end the same way)."""
     turns = []
     places = recording.places
     for turn in recording.turns:
@@ -67,8 +99,10 @@ def pytest_module(recording, cassette_name: str) -> str:
         status, place = turn.http_status or 502, places[turn.id]
         # The place names the test (turn1, turn2...): the same in every database the session
         # is exported from; the id, in the comment, finds the turn in this one.
+        ending = ", CUT_SHORT" if turn.id in cut_short else ""
         turns.append(f"    # {turn_name(place, turn.id)}: {_comment(turn.method + ' ' + turn.path)}\n"
-                     + (f"    ({place}, {status}, [\n{calls}    ]),\n" if calls else f"    ({place}, {status}, []),\n"))
+                     + (f"    ({place}, {status}, [\n{calls}    ]{ending}),\n" if calls
+                        else f"    ({place}, {status}, []{ending}),\n"))
     session = {"id": recording.session_id, "title": recording.title, "agent": recording.agent}
     return _MODULE.format(session=literal(session), cassette=literal(cassette_name),
                           session_id=_comment(recording.session_id), turns="".join(turns))
@@ -79,9 +113,11 @@ _MODULE = '''"""A tooltap regression test, exported from a recorded session by `
 Each test sends one recorded request to the cassette beside this file (served on a free
 loopback port by tooltap's `tooltap_cassette` fixture, never the network), reassembles
 the recorded answer and checks its tool calls against the ones written below: the
-decoded tool, the raw name and the arguments. When the cassette's answers or the code
-that reads them change, the failure names the turn, the tool, the argument path and
-both values. Regenerate with `tooltap export SESSION --pytest DIR`.
+decoded tool, the raw name and the arguments. A turn marked CUT_SHORT is one whose
+connection the upstream dropped mid-answer: its replay must end the same way, after the
+same bytes; any other turn must end whole. When the cassette's answers or the code that
+reads them change, the failure names the turn, the tool, the argument path and both
+values. Regenerate with `tooltap export SESSION --pytest DIR`.
 """
 
 import pytest
@@ -91,16 +127,26 @@ from proxy.testing import Call, assert_calls
 SESSION = {session}
 pytestmark = pytest.mark.tooltap_cassette({cassette})
 
-# (turn: its place in the session, HTTP status, tool calls), in recorded order.
+CUT_SHORT = "cut short"  # the upstream dropped the connection mid-answer, as recorded
+
+# (turn: its place in the session, HTTP status, tool calls[, CUT_SHORT]), in recorded order.
 TURNS = [
 {turns}]
 
 
 @pytest.mark.parametrize("index", range(len(TURNS)), ids=[f"turn{{t[0]}}" for t in TURNS])
 def test_turn(tooltap_cassette, index):
-    turn, status, expected = TURNS[index]
+    turn, status, expected, *ending = TURNS[index]
     answer = tooltap_cassette.send(index)
     assert answer.status == status, f"turn {{turn}}: HTTP {{answer.status}}, recorded {{status}}"
+    if CUT_SHORT in ending:  # the same bytes, then the same abrupt end
+        recorded = tooltap_cassette.interactions[index].body
+        assert answer.cut_short, f"turn {{turn}}: the answer ended whole, the recorded one was cut short"
+        assert answer.body == recorded, (f"turn {{turn}}: {{len(answer.body)}} bytes came before the cut, "
+                                         f"recorded {{len(recorded)}}")
+    else:
+        assert not answer.cut_short, (f"turn {{turn}}: the connection dropped after {{len(answer.body)}} bytes, "
+                                      "the recorded answer ended whole")
     assert_calls(expected, answer.calls, label=f"turn {{turn}}")
 '''
 

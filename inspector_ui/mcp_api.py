@@ -1,8 +1,8 @@
 """The MCP tap's JSON API (DESIGN.md, "Contracts added in round two").
 
     GET /_tooltap/api/mcp/servers                     {"servers": [{name, messages, calls, errors, ...}]}
-    GET /_tooltap/api/mcp/messages?server=&limit=&before=   {"messages": [...]}, newest first
-    GET /_tooltap/api/mcp/messages/{id}               one message
+    GET /_tooltap/api/mcp/messages?server=&limit=&before=   {"messages": [...]}, newest first, without `raw`
+    GET /_tooltap/api/mcp/messages/{id}               one message, `raw` (its exact text) included
     GET /_tooltap/api/mcp/servers/{name}              the counts, latency, tool sets over time, recent
                                                       calls (with the model call each executes), runs
     GET /_tooltap/api/mcp/sessions/{id}               the session's correlation: links, model calls
@@ -17,7 +17,7 @@ from sqlmodel import Session as DB
 from proxy.mcp import read
 from proxy.store.read import MAX_ID
 
-from .api import CapturedJSON
+from .api import CapturedJSON, _id_sized
 
 router = APIRouter(default_response_class=CapturedJSON)
 
@@ -34,9 +34,13 @@ def servers(request: Request):
 
 @router.get("/mcp/messages")
 def messages(request: Request, server: str | None = None, limit: int = Query(100, ge=1, le=1000),
-             before: int | None = Query(None, ge=1, le=MAX_ID), connection: str | None = None):
+             before: int | None = None, connection: str | None = None):
+    _id_sized("before", before)  # as /turns answers it: a 400 that says why
     with _db(request) as db:
-        return {"messages": read.messages(db, server=server, limit=limit, before=before, connection=connection)}
+        # Each item has `json` but not `raw`, its body a second time (a 400 KB tool result
+        # made a list twice as big), unless it is not JSON; one message has the exact text.
+        return {"messages": read.messages(db, server=server, limit=limit, before=before, connection=connection,
+                                          raw=False)}
 
 
 @router.get("/mcp/messages/{message_id}")

@@ -401,12 +401,15 @@ def call_view(c: dict, numbers: dict[int, int] | None = None) -> dict:
     of the turn its MCP result went to."""
     d = c.get("decoded") or {}
     mcp = c.get("mcp")
+    found = None
     if d.get("kind") != "mcp" and mcp and mcp.get("server"):
         # An agent built on the SDKs names the server's tools as they are: the name alone
-        # says nothing (decoded as built in), the recorded MCP call it became does.
-        d = {"kind": "mcp", "server": mcp["server"], "tool": mcp.get("tool") or c["name"],
-             "convention": f"matched by {mcp.get('matched_by') or 'time'}"}
-    if d.get("kind") == "mcp" and d.get("server"):
+        # says nothing, the recorded MCP call it became does. The stored decoding (tool_calls_v,
+        # OTel) reads the name alone and says builtin: the card keeps that tag and says apart
+        # what this page found, so the two never read as a contradiction.
+        found = {"server": mcp["server"], "tool": mcp.get("tool") or c["name"], "matched_by": mcp.get("matched_by")}
+        display = f"{found['server']} › {found['tool']}"
+    elif d.get("kind") == "mcp" and d.get("server"):
         display = f"{d['server']} › {d.get('tool')}"
     elif d.get("kind") == "mcp":
         display = f"{d.get('uid') or '?'} › {d.get('tool')}"
@@ -418,7 +421,7 @@ def call_view(c: dict, numbers: dict[int, int] | None = None) -> dict:
         shown = {k: v for k, v in args.items() if k != "task_progress"}
     if mcp and numbers:
         mcp = {**mcp, "next_turn_n": numbers.get(mcp.get("next_turn_id"))}
-    return {**c, "decoded": d or c.get("decoded"), "display_name": display, "mcp": mcp,
+    return {**c, "decoded": d or c.get("decoded"), "display_name": display, "mcp": mcp, "mcp_found": found,
             "arguments_pretty": pretty(shown) if args is not None else None}
 
 

@@ -357,7 +357,8 @@ def _age(ctx, param, value):
 @main.command(short_help="Delete old turns, and what no remaining turn uses.")
 @click.option("--older-than", "older_than", required=True, callback=_age, metavar="AGE",
               help="Delete turns started longer ago than this: 90m, 12h, 30d, 2w.")
-@click.option("--keep-errors", is_flag=True, help="Keep turns whose status is not ok (and what they need).")
+@click.option("--keep-errors", is_flag=True,
+              help="Keep turns whose status is not ok (and what they need), and failed MCP calls (request and answer).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; change nothing.")
 @click.option("--vacuum", default="auto", show_default=True, type=click.Choice(["auto", "full", "none"]),
               help="Give the space back. SQLite, auto: in short steps (a database made before tooltap had "

@@ -37,12 +37,16 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
 
+_env = env  # (Driven's parameter hides it)
+
+
 class Driven:
     """A process fed raw bytes on stdin; everything it writes is collected."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None):
+        """env: variables set on top of this process's."""
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     bufsize=0, env=env(), cwd=str(ROOT))
+                                     bufsize=0, env={**_env(), **(env or {})}, cwd=str(ROOT))
         self.out = bytearray()
         self.err = bytearray()
         self._cond = threading.Condition()

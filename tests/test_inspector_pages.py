@@ -652,3 +652,41 @@ def test_a_session_named_like_a_subpage_is_its_own_page(tooltap, upstream):
     assert get(tooltap, "/_tooltap/api/sessions/team/tools").json()["id"] == "team/tools"
     assert get(tooltap, "/_tooltap/api/sessions/team/tools/replays").json() == {"runs": []}
     assert "<code>team</code>" in get(tooltap, "/_tooltap/sessions/team").text
+
+
+def test_the_readme_read_api_table_says_what_the_api_answers(tooltap, cline):
+    """The README's Read API rows for a turn's timeline and the MCP messages list, against
+    what a running tooltap answers: the timeline comes wrapped, and a list item carries its
+    message once (`json`), not twice: `raw` is on the one-message address."""
+    from pathlib import Path
+
+    from proxy.mcp.store import Connection, Recorder, new_id
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `GET ([^`]+)` \| (.*) \|$", readme, re.M)}
+    turn = tooltap.api(f"/sessions/{cline}")["turns"][-1]["id"]
+    timeline = tooltap.api(f"/turns/{turn}/timeline")
+    assert list(timeline) == ["timeline"] and timeline["timeline"]
+    assert all(list(point) == ["offset", "ms"] for point in timeline["timeline"])
+    assert rows["/turns/{id}/timeline"] == 'when each chunk arrived: `{"timeline": [{offset, ms}]}`'
+
+    recorder = Recorder(f"sqlite:///{tooltap.db_path}", tooltap.db_path.parent / "mcp-spool")
+    recorder.start()
+    conn = Connection(new_id(), "stdio", name="weather")
+    radar = "x" * 419_000  # the tester's 419 KB tool result
+    recorder.record(conn, "to_server", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", '
+                                       b'"params": {"name": "get_radar", "arguments": {}}}')
+    recorder.record(conn, "from_server", json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": radar}]}}).encode())
+    recorder.record(conn, "from_server", b"a line that is not JSON")
+    recorder.close()
+    listed = get(tooltap, "/_tooltap/api/mcp/messages?server=weather")
+    items = listed.json()["messages"]
+    documented = re.search(r"\[\{([^}]+)\}\]", rows["/mcp/messages?server=&limit=&before="]).group(1)
+    keys = [k.split(" ")[0] for k in documented.split(", ")]
+    assert [list(m) for m in items[1:]] == [keys, keys]  # newest first: the line that is not JSON leads
+    assert list(items[0]) == [*keys, "raw"] and items[0]["raw"] == "a line that is not JSON"
+    assert items[1]["json"]["result"]["content"][0]["text"] == radar
+    assert len(radar) < len(listed.content) < 1.2 * len(radar)  # once, not twice
+    one = tooltap.api(f"/mcp/messages/{items[1]['id']}")
+    assert json.loads(one["raw"]) == one["json"] == items[1]["json"]

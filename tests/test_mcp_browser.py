@@ -5,6 +5,8 @@ model asked, what the server got and answered, what the model was told."""
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urljoin, urlsplit
 
@@ -192,3 +194,114 @@ def test_an_unknown_mcp_text_is_a_clear_404(make_tooltap, upstream):
     recent = tooltap.api("/mcp/servers/weather")["recent_calls"]
     for c in recent:  # the id the page names each call by picks it
         assert get(f"{c['message_id']}/arguments", id=json.dumps(c["jsonrpc_id"])).status_code == 200
+
+
+def _weather_recorder(tooltap):
+    from proxy.mcp.store import Connection, Recorder, new_id
+
+    recorder = Recorder(f"sqlite:///{tooltap.db_path}", tooltap.db_path.parent / "mcp-spool")
+    recorder.start()
+    return recorder, Connection(new_id(), "stdio", name="weather")
+
+
+def _send(recorder, conn, message: dict, at: float, direction: str = "to_server") -> None:
+    recorder.record(conn, direction, json.dumps(message).encode(), at=at)
+
+
+def test_a_call_matched_by_arguments_must_be_due(make_tooltap, upstream, page):
+    """The tester's case: an agent's own get_forecast (one turn, no turn after it) was drawn
+    as an MCP call because another client sent the same tools/call 26 s later. With no next
+    turn, an MCP call is the model call's only within DISPATCH_SECONDS of the answer's end;
+    a call that is due is drawn as MCP, the card keeping the stored decoding's word."""
+    from proxy.demo import chat_sse
+    from proxy.mcp.correlate import DISPATCH_SECONDS
+    from proxy.scripted import Reply
+
+    assert 2 < DISPATCH_SECONDS < 26
+    tooltap = make_tooltap(upstream.url)
+    tool = {"type": "function", "function": {"name": "get_forecast", "parameters": {"type": "object"}}}
+    asked = {"late": {"latitude": 1.5, "longitude": 2}, "due": {"latitude": 3.5, "longitude": 4}}
+    upstream.routes["/chat/completions"] = [
+        Reply.sse(chat_sse("m", [{"tool_calls": [{"index": 0, "id": f"call_{k}", "type": "function", "function": {
+            "name": "get_forecast", "arguments": json.dumps(a)}}]}], finish="tool_calls")) for k, a in asked.items()]
+    with httpx.Client(base_url=tooltap.url, timeout=30) as client:
+        for session in asked:
+            r = client.post("/chat/completions", headers={"x-tooltap-session": session}, json={
+                "model": "m", "stream": True, "tools": [tool], "messages": [{"role": "user", "content": session}]})
+            assert r.status_code == 200
+    tooltap.flush()
+    with sqlite3.connect(tooltap.db_path) as db:
+        ends = dict(db.execute("SELECT session_id, started_at + duration_ms / 1000.0 FROM turns"))
+        kinds = db.execute("SELECT DISTINCT kind FROM tool_calls_v").fetchall()
+    assert kinds == [("builtin",)]  # the stored decoding: the name alone
+    recorder, conn = _weather_recorder(tooltap)
+    for i, (session, after) in enumerate([("late", 26.0), ("due", 2.0)], start=1):
+        at = ends[session] + after
+        _send(recorder, conn, {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                               "params": {"name": "get_forecast", "arguments": asked[session]}}, at)
+        _send(recorder, conn, {"jsonrpc": "2.0", "id": i, "result": {"content": [{"type": "text", "text": "ok"}]}},
+              at + 0.1, "from_server")
+    recorder.close()
+
+    late = tooltap.api("/sessions/late")["turns"][0]["id"]
+    assert [c["mcp"] for c in tooltap.api(f"/turns/{late}")["tool_calls"]] == [None]
+    assert asked["late"] in [u["arguments"] for u in tooltap.api("/mcp/sessions/late")["unasked"]]
+    page.goto(f"{tooltap.url}/_tooltap/sessions/late")
+    card = page.locator("[data-testid=tool-call]")
+    assert card.locator("[data-testid=call-name]").inner_text() == "get_forecast"
+    assert card.locator(".call-head .tag").all_inner_texts() == ["builtin"]
+    assert card.locator("[data-testid=mcp-chain]").count() == 0
+
+    page.goto(f"{tooltap.url}/_tooltap/sessions/due")
+    card = page.locator("[data-testid=tool-call]")
+    assert card.locator("[data-testid=call-name]").inner_text() == "weather › get_forecast"
+    assert card.locator(".call-head .tag").all_inner_texts() == ["builtin", "ran as MCP · matched by arguments"]
+    assert card.locator("[data-testid=mcp-chain]").is_visible()
+
+    # The server's page: the late call is nobody's.
+    page.goto(f"{tooltap.url}/_tooltap/mcp/weather")
+    rows = page.locator("[data-testid=mcp-calls] tbody tr")
+    assert rows.count() == 2
+    late_row = rows.filter(has_text="1.5")
+    assert late_row.locator("[data-testid=unasked]").inner_text() == "no LLM turn asked for it"
+    assert rows.filter(has_text="3.5").locator("[data-testid=unasked]").count() == 0
+
+
+def test_a_server_with_no_answered_call_says_so(make_tooltap, upstream, page):
+    """A server whose calls all wait for an answer: its page says there is no latency yet,
+    not `median  ms, p95  ms`."""
+    tooltap = make_tooltap(upstream.url)
+    recorder, conn = _weather_recorder(tooltap)
+    _send(recorder, conn, {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": "get_alerts", "arguments": {"state": "DC"}}}, time.time())
+    recorder.close()
+    page.goto(f"{tooltap.url}/_tooltap/mcp/weather")
+    facts = page.locator("[data-testid=mcp-facts]").inner_text()
+    assert "latency: no answered calls" in facts and " ms" not in facts, facts
+    assert page.locator("[data-testid=mcp-calls]").inner_text().count("no answer") == 1
+    report = tooltap.api("/mcp/servers/weather")
+    assert report["latency"] == {"count": 0, "median_ms": None, "p95_ms": None, "max_ms": None}
+
+
+def test_mcp_addresses_that_name_nothing_are_error_pages_in_a_browser(make_tooltap, upstream, page):
+    """Browser addresses that name nothing get the inspector's error page; the API keeps
+    its JSON, and a `before` beyond 2^63-1 is the same readable 400 for MCP messages as
+    for turns."""
+    tooltap = make_tooltap(upstream.url)
+    for path, status, detail in [
+            ("/_tooltap/mcp/nonexistent", 404, "no MCP server nonexistent"),
+            ("/_tooltap/mcp/messages/abc/raw", 422, "message_id='abc'"),
+            ("/_tooltap/mcp/messages/7/raw", 404, "no MCP message 7"),
+            ("/_tooltap/sessions/x", 404, "no session x"),
+            ("/_tooltap/turns/abc", 422, "turn_id='abc'")]:
+        response = page.goto(tooltap.url + path)
+        assert response.status == status, path
+        assert response.headers["content-type"].startswith("text/html"), path
+        assert page.title() == f"{status} · tooltap" and detail in page.locator("main").inner_text(), path
+    for path, status in [("/_tooltap/api/mcp/messages/abc", 422), ("/_tooltap/api/mcp/servers/nonexistent", 404)]:
+        r = httpx.get(tooltap.url + path, headers={"accept": "text/html"}, timeout=10)
+        assert r.status_code == status and r.headers["content-type"] == "application/json", path
+    huge = 99999999999999999999
+    for what in ("turns", "mcp/messages"):
+        r = httpx.get(f"{tooltap.url}/_tooltap/api/{what}", params={"before": huge}, timeout=10)
+        assert (r.status_code, r.json()) == (400, {"detail": f"before={huge}: ids stop at 2^63-1"}), what

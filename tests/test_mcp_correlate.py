@@ -7,13 +7,14 @@ import json
 
 import httpx
 from click.testing import CliRunner
+from sqlalchemy import text
 
 from proxy.cli import main
 from proxy.mcp.correlate import LlmCall, compare_result, correlate
 from proxy.mcp.read import McpCall
 from proxy.scripted import Reply
 from tests.conftest import cline_turn
-from tests.mcp_support import WEATHER, sdk_conversation, wrapped
+from tests.mcp_support import WEATHER, sdk_conversation, with_db, wrapped
 from tests.test_proxy_e2e import FINAL_SSE
 
 
@@ -130,6 +131,10 @@ def test_matching_rules():
     found, how = correlate(calls, sent, known_servers={"weather"})
     assert {k: v.message_id for k, v in found.items()} == {1: 101, 2: 102, 3: 103, 4: 104}
     assert how == {1: "arguments", 2: "arguments", 3: "meta", 4: "arguments"}
+    # No next turn (its answer ended at 31.0): an MCP call is its own only while it is due.
+    last = llm(5, 5, "get_forecast", {"latitude": 3}, 30.0, None)
+    assert correlate([last], [mcp(400, "get_forecast", {"latitude": 3}, 31.0 + 26)], {"weather"})[0] == {}
+    assert correlate([last], [mcp(401, "get_forecast", {"latitude": 3}, 31.0 + 2)], {"weather"})[1] == {5: "arguments"}
     # An MCP call after the next turn started cannot be this turn's.
     late = [mcp(200, "get_forecast", {"latitude": 1}, 25.0)]
     assert correlate(calls[:1], late, {"weather"})[0] == {}
@@ -257,7 +262,10 @@ def test_an_agent_that_offers_the_servers_tools_under_their_own_names(make_toolt
     card = httpx.get(f"{tooltap.url}/_tooltap/turns/{ids[0]}").text
     card = card[card.index('data-testid="tool-call"'):]
     assert 'data-testid="call-name">weather › get_forecast<' in card  # not a built-in: its MCP call says so
-    assert '<span class="tag">mcp · matched by arguments</span>' in card
+    # The stored decoding reads the name alone (builtin): the card keeps its word and says apart what it found.
+    assert '<span class="tag">builtin</span>' in card and '>ran as MCP · matched by arguments</span>' in card
+    assert with_db(f"sqlite:///{tooltap.db_path}", lambda db: db.execute(text(
+        "SELECT kind, server FROM tool_calls_v WHERE turn_id = :t"), {"t": ids[0]}).one()) == ("builtin", None)
     # What the server declared against what this agent offered the model of it, by name.
     out = CliRunner().invoke(main, ["schemas", "diff", "mcp:weather", f"mcp:weather@session:{s['id']}",
                                     "--format", "json", "--db", f"sqlite:///{tooltap.db_path}"])

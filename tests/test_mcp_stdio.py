@@ -456,3 +456,25 @@ def test_tool_sets_are_stored_once_per_change(tmp_path, backend):
     sets = with_db(db, lambda db_: read.tool_sets(db_, "lister"))
     assert [(s["tool_count"], s["seen"]) for s in sets] == [(1, 2), (2, 1)]
     assert sets[1]["tools"] == two
+
+
+def test_help_names_the_environment_the_wrapper_honours(tmp_path):
+    """`tooltap mcp --help` names TOOLTAP_DB and TOOLTAP_MCP_SPOOL, and the wrapper, given
+    neither option, records where they say."""
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    shown = " ".join(CliRunner().invoke(main, ["mcp", "--help"]).output.split())
+    assert "Env: TOOLTAP_DB." in shown and "Env: TOOLTAP_MCP_SPOOL." in shown
+    spool, data = tmp_path / "spool", jsonrpc({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    down = f"postgresql+psycopg://tooltap:x@127.0.0.1:{_closed_port()}/tooltap"
+    argv = [sys.executable, "-m", "proxy", "mcp", "--name", "echo", "--", *CAT]
+    d = Driven(argv, env={"TOOLTAP_DB": down, "TOOLTAP_MCP_SPOOL": str(spool)})
+    d.send(data)
+    assert d.finish() == 0 and bytes(d.out) == data
+    assert _spooled(spool) == 2  # the database the variable named is down: the spool it named holds them
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    d = Driven(argv, env={"TOOLTAP_DB": db, "TOOLTAP_MCP_SPOOL": str(spool)})
+    assert d.finish() == 0
+    assert [m["method"] for m in recorded(db, "echo")] == ["ping", "ping"]  # the spool adopted into that database

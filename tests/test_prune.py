@@ -314,3 +314,124 @@ def test_prune_while_the_writer_stores_loses_nothing(engine_url, tmp_path):
     stats = store_stats(engine, days=2, now=now)
     assert stats.turns == len(sent) and stats.days[-1].turns == len(sent)
     engine.dispose()
+
+
+# -- MCP: a call goes or stays whole -----------------------------------------------------------
+
+def _call(i, tool: str, arguments: dict) -> dict:
+    return {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+
+
+def _answer(i, text_: str, is_error: bool = False) -> dict:
+    return {"jsonrpc": "2.0", "id": i, "result": {"content": [{"type": "text", "text": text_}], "isError": is_error}}
+
+
+def mcp_traffic(old: float, new: float) -> list[tuple[str, str, dict, float]]:
+    """(connection, direction, message, at). Run "a", all before the cutoff: an exchange and a
+    call that went fine, a tool error (isError), a JSON-RPC error, and a batch of two calls
+    of which one failed. Run "b": a call sent before the cutoff, answered after it."""
+    up, down = "to_server", "from_server"
+    return [
+        ("a", up, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}, old),
+        ("a", down, {"jsonrpc": "2.0", "id": 0, "result": {"serverInfo": {"name": "weather"}}}, old + 1),
+        ("a", up, {"jsonrpc": "2.0", "method": "notifications/initialized"}, old + 2),
+        ("a", up, _call(1, "get_forecast", {"latitude": 1}), old + 3),
+        ("a", down, _answer(1, "sunny"), old + 4),
+        ("a", up, _call(2, "get_forecast", {"latitude": 999}), old + 5),
+        ("a", down, _answer(2, "latitude out of range", is_error=True), old + 6),
+        ("a", up, _call(3, "get_alerts", {"state": "XX"}), old + 7),
+        ("a", down, {"jsonrpc": "2.0", "id": 3, "error": {"code": -32602, "message": "no state XX"}}, old + 8),
+        ("a", up, [_call(4, "get_alerts", {"state": "CA"}), _call(5, "get_alerts", {"state": "ZZ"})], old + 9),
+        ("a", down, _answer(4, "no alerts"), old + 10),
+        ("a", down, {"jsonrpc": "2.0", "id": 5, "error": {"code": -32602, "message": "no state ZZ"}}, old + 11),
+        ("b", up, _call(1, "get_forecast", {"latitude": 2}), old + 20),
+        ("b", down, _answer(1, "rain"), new),
+    ]
+
+
+def test_keep_errors_keeps_an_mcp_call_whole(tooltap):
+    """The tester's case: `--keep-errors` kept MCP error answers alone, and the server's page
+    showed bare red answers, "0 tools/call". Now each failed call keeps its request (a batch:
+    every call in it), and a call the cutoff cuts through stays whole even without the flag."""
+    from proxy.mcp.store import Connection, Recorder
+
+    db, now = tooltap.db_path, time.time()
+    recorder = Recorder(f"sqlite:///{db}", db.parent / "mcp-spool")
+    recorder.start()
+    runs = {run: Connection(f"run-{run}-{os.getpid()}", "stdio", name="weather", started_at=now - 3 * DAY)
+            for run in "ab"}
+    for run, direction, message, at in mcp_traffic(now - 3 * DAY, now - 60):
+        recorder.record(runs[run], direction, json.dumps(message).encode(), at=at)
+    recorder.ended(runs["a"], 0)
+    recorder.close()
+    assert sql(db, "SELECT count(*) FROM mcp_messages")[0][0] == 14
+
+    def calls() -> list[tuple]:
+        report = tooltap.api("/mcp/servers/weather")
+        return sorted((c["connection"][4], c["tool"], json.dumps(c["arguments"]), c["is_error"], c["result_text"])
+                      for c in report["recent_calls"])
+
+    def cut(*args: str) -> str:
+        r = cli("prune", "--older-than", "1d", *args, db=db)  # while the tooltap runs
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "5 MCP messages" in cut("--keep-errors", "--dry-run")
+    assert "5 MCP messages" in cut("--keep-errors")  # initialize, its answer, initialized, call 1 and its answer
+    assert calls() == [
+        ("a", "get_alerts", '{"state": "CA"}', False, "no alerts"),  # in the batch with call 5
+        ("a", "get_alerts", '{"state": "XX"}', True, "no state XX"),
+        ("a", "get_alerts", '{"state": "ZZ"}', True, "no state ZZ"),
+        ("a", "get_forecast", '{"latitude": 999}', True, "latitude out of range"),
+        ("b", "get_forecast", '{"latitude": 2}', False, "rain")]
+    html = httpx.get(f"{tooltap.url}/_tooltap/mcp/weather", headers={"accept": "text/html"}).text
+    assert "no tools/call recorded" not in html and "no state XX" in html and "no answer" not in html
+
+    assert "7 MCP messages" in cut()  # the errors go too now; run b's call still stays whole
+    assert calls() == [("b", "get_forecast", '{"latitude": 2}', False, "rain")]
+
+
+def _mcp_rows(traffic: list[tuple[str, str, dict, float]]) -> list[dict]:
+    """The rows the recorder would store for `traffic` (the server named already)."""
+    import zlib
+
+    from proxy.mcp.messages import classify
+
+    rows = []
+    for seq, (run, direction, message, at) in enumerate(traffic):
+        raw = json.dumps(message).encode()
+        p = classify(raw)
+        rows.append({"connection": run, "seq": seq, "server": "weather", "direction": direction, "at": at,
+                     "kind": p.kind, "method": p.method, "jsonrpc_id": p.jsonrpc_id, "tool": p.tool,
+                     "is_error": p.is_error, "size": len(raw), "note": p.note, "raw": zlib.compress(raw)})
+    return rows
+
+
+def test_mcp_calls_go_whole_on_sqlite_and_postgres(engine_url):
+    from proxy.store.models import McpMessage
+
+    url, schema = engine_url
+    engine = in_schema(make_engine(url, busy_timeout=30), schema)
+    migrate(engine)
+    now = time.time()
+    with engine.begin() as conn:
+        conn.execute(McpMessage.__table__.insert(), _mcp_rows(mcp_traffic(now - 3 * DAY, now - 60)))
+
+    def left() -> list[tuple]:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT connection, direction, kind, jsonrpc_id FROM mcp_messages ORDER BY seq"))]
+
+    try:
+        foreseen = prune(engine, DAY, keep_errors=True, dry_run=True, vacuum="none")
+        done = prune(engine, DAY, keep_errors=True, vacuum="none")
+        assert foreseen.mcp_messages == done.mcp_messages == 5
+        assert left() == [("a", "to_server", "request", "2"), ("a", "from_server", "response", "2"),
+                          ("a", "to_server", "request", "3"), ("a", "from_server", "response", "3"),
+                          ("a", "to_server", "batch", None), ("a", "from_server", "response", "4"),
+                          ("a", "from_server", "response", "5"),
+                          ("b", "to_server", "request", "1"), ("b", "from_server", "response", "1")]
+        assert prune(engine, DAY, vacuum="none").mcp_messages == 7
+        assert left() == [("b", "to_server", "request", "1"), ("b", "from_server", "response", "1")]
+    finally:
+        engine.dispose()

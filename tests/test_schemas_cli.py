@@ -159,3 +159,32 @@ def test_list_empty_db(tmp_path):
     migrate(make_engine(db_url))
     result = run("list", "--db", db_url)
     assert result.exit_code == 0 and "no tool sets recorded" in result.output
+
+
+def test_help_names_every_source_a_tool_set_is_read_from(tmp_path):
+    """The help of `schemas` and its commands names the mcp: sources beside files, turn:
+    and session:, and --db serves them all: each source the help names is read."""
+    from proxy.mcp.store import Connection, Recorder, new_id
+
+    for args in (["--help"], ["show", "--help"], ["diff", "--help"], ["convert", "--help"]):
+        shown = " ".join(run(*args).output.split())
+        assert "mcp:NAME" in shown and "turn:<id>" in shown and "session:<id>" in shown, args
+        if args != ["--help"]:
+            assert "tooltap database for turn:, session: and mcp: sources" in shown, args
+    assert "mcp:NAME@session:<id>" in run("--help").output
+
+    db_url = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    recorder = Recorder(db_url, tmp_path / "spool")
+    recorder.start()
+    conn = Connection(new_id(), "stdio", name="weather")
+    for tools in ([{"name": "get_alerts", "inputSchema": {"type": "object"}}],
+                  [{"name": "get_alerts", "inputSchema": {"type": "object", "properties": {"state": {"type": "string"}},
+                                                          "required": ["state"]}}]):
+        recorder.record(conn, "to_server", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}')
+        answer = {"jsonrpc": "2.0", "id": 1, "result": {"tools": tools}}
+        recorder.record(conn, "from_server", json.dumps(answer).encode())
+    recorder.close()
+    shown = run("show", "mcp:weather", "--db", db_url)
+    assert shown.exit_code == 0 and "* state: string" in shown.output
+    changed = run("diff", "mcp:weather@1", "mcp:weather", "--db", db_url)  # a required argument added: breaking
+    assert changed.exit_code == 1 and "state" in changed.output

@@ -25,10 +25,11 @@ class WrapperProblem(click.ClickException):
               help="The server's name in the inspector (default: the serverInfo.name of its answer to initialize). "
                    "Give the name the agent knows it by, so its tool calls are tied to the MCP calls.")
 @click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
-              help="Database URL, shared with `tooltap serve` (sqlite:///ABSOLUTE/PATH or postgresql+psycopg://...).")
+              help="Database URL, shared with `tooltap serve` (sqlite:///ABSOLUTE/PATH or postgresql+psycopg://...). "
+                   "Env: TOOLTAP_DB.")
 @click.option("--spool", "spool_dir", envvar="TOOLTAP_MCP_SPOOL", default=None, metavar="DIR",
               help="Folder where messages wait while the database is unavailable "
-                   "(default: beside the SQLite file, else ~/.cache/tooltap).")
+                   "(default: beside the SQLite file, else ~/.cache/tooltap). Env: TOOLTAP_MCP_SPOOL.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def mcp(name, db_url, spool_dir, command) -> None:
     """Run a stdio MCP server and record every message between it and the agent.

@@ -9,8 +9,11 @@ call takes the first MCP call not yet taken that
   too for a call whose name is no MCP one: an agent that offers the server's tools to
   the model under their own names),
 - has the same arguments once what the agent adds is left out (Cline's `task_progress`),
-- was sent after the turn that emitted the call started and before the next turn of the
-  session (the one that carries its result) started.
+- was sent after the turn that emitted the call started (an agent may run a call once its
+  part of the stream is whole) and before the next turn of the session (the one that
+  carries its result) started; with no next turn, within DISPATCH_SECONDS of the end of
+  the turn's answer (nothing then says the agent ran the call at all: only that an agent
+  runs a call the moment the answer ends).
 The result is the decoders' pairing: the text the next turn gave the model for that
 call, compared with what the server answered (same, truncated, changed).
 
@@ -34,6 +37,11 @@ from .read import McpCall, calls as mcp_calls
 AGENT_ADDED = ("task_progress",)  # Cline 3.x adds its checklist to tool calls, MCP ones included
 SLACK_SECONDS = 3600.0  # a tool may run long after the last turn of the window started
 UNASKED_AFTER = 60.0  # an MCP call this long after the session's last turn ended is not its business
+# A call with no next turn: how long after the answer ended an MCP call can still be the
+# one it became. Agents send it at once (milliseconds in the captures; a server started
+# on first use, a few seconds); one 26 s later was another client's. A user's approval
+# can take longer: the link is made once the turn carrying the result is stored.
+DISPATCH_SECONDS = 15.0
 
 
 @dataclass
@@ -119,7 +127,8 @@ def correlate(llm: list[LlmCall], mcp: list[McpCall], known_servers: set[str]) -
         for m in mcp:
             if m.message_id in taken or m.tool != c.tool or (not loose and m.server != c.server):
                 continue
-            if m.request_at < c.turn_started or (c.next_turn_at is not None and m.request_at > c.next_turn_at):
+            due = c.next_turn_at if c.next_turn_at is not None else c.turn_end + DISPATCH_SECONDS
+            if m.request_at < c.turn_started or m.request_at > due:
                 continue
             if without_added(m.arguments) != want:
                 continue

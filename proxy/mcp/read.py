@@ -29,21 +29,26 @@ def servers(db: DB) -> list[dict]:
             for name, n, n_calls, errors, last in rows]
 
 
-def message_json(m: McpMessage) -> dict:
-    raw = zlib.decompress(m.raw)
-    parsed = classify(raw)
-    return {
+def message_json(m: McpMessage, raw: bool = True) -> dict:
+    """raw: with the message's exact text beside its parsed `json` (the body twice). A
+    message `json` cannot hold (not JSON) has its `raw` either way: its only content."""
+    body = zlib.decompress(m.raw)
+    parsed = classify(body)
+    out = {
         "id": m.id, "server": m.server, "connection": m.connection, "direction": m.direction,
         "at": iso(m.at), "kind": m.kind, "method": m.method,
         "jsonrpc_id": json.loads(m.jsonrpc_id) if m.jsonrpc_id is not None else None,
         "tool": m.tool, "is_error": m.is_error, "note": m.note, "size": m.size,
-        "json": parsed.json, "raw": raw.decode("utf-8", "replace"),
+        "json": parsed.json,
     }
+    if raw or parsed.json is None:
+        out["raw"] = body.decode("utf-8", "replace")
+    return out
 
 
 def messages(db: DB, server: str | None = None, limit: int = 100, before: int | None = None,
-             connection: str | None = None) -> list[dict]:
-    """Newest first."""
+             connection: str | None = None, raw: bool = True) -> list[dict]:
+    """Newest first. raw: see message_json."""
     q = select(McpMessage).order_by(McpMessage.id.desc()).limit(limit)
     if server is not None:
         q = q.where(McpMessage.server == server)
@@ -51,7 +56,7 @@ def messages(db: DB, server: str | None = None, limit: int = 100, before: int | 
         q = q.where(McpMessage.connection == connection)
     if before is not None:
         q = q.where(McpMessage.id < before)
-    return [message_json(m) for m in db.exec(q).all()]
+    return [message_json(m, raw) for m in db.exec(q).all()]
 
 
 def message(db: DB, message_id: int) -> dict | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlalchemy.exc import InterfaceError, OperationalError, ProgrammingError
 
 from ..store import content
@@ -402,6 +402,13 @@ def write_ops(db, dialect: str, ops: list[dict]) -> None:
         from sqlalchemy.dialects.sqlite import insert
     else:
         from sqlalchemy.dialects.postgresql import insert
+
+        from ..store.db import PRUNE_LOCK
+
+        # Shared, as the turns' writer holds it: a prune pairs requests with their answers
+        # and deletes in one transaction, alone (retention.py); no answer may land between.
+        # (SQLite: the prune's BEGIN IMMEDIATE keeps this insert out already.)
+        db.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": PRUNE_LOCK})
     msgs = McpMessage.__table__
     conns = McpConnection.__table__
     sets = McpToolSet.__table__

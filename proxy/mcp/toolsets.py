@@ -2,7 +2,7 @@
 offered a model of that server's tools.
 
     mcp:NAME                 the newest tools/list answer of server NAME
-    mcp:NAME@ID              the tool set ID of that server (`tooltap schemas list`, the MCP page)
+    mcp:NAME@ID              the tool set ID of that server (on its MCP page, and in /api/mcp/servers/NAME)
     mcp:NAME@session:SID     server NAME's tools as the agent offered them in session SID,
                              under their MCP names (`cIya4J0mcp0get_forecast` -> `get_forecast`),
                              or, from an agent built on the SDKs, under their own

@@ -16,7 +16,8 @@ from .spec import SchemaError
 from ..store.db import DatabaseUnavailable
 
 db_option = click.option("--db", "db_url", default=None, metavar="URL",
-                         help="tooltap database for turn:/session: sources (default: $TOOLTAP_DB or sqlite:///tooltap.db)")
+                         help="tooltap database for turn:, session: and mcp: sources "
+                              "(default: $TOOLTAP_DB or sqlite:///tooltap.db)")
 
 
 class SchemasError(click.ClickException):
@@ -43,7 +44,17 @@ def _dump(value) -> str:
 
 @click.group()
 def schemas() -> None:
-    """Tool schemas: list, show, convert and diff tool sets."""
+    """Tool schemas: list, show, convert and diff tool sets.
+
+    \b
+    A tool set is read from:
+      FILE                  JSON or JSONL, any provider's format
+      turn:<id>             the tools a recorded turn offered the model
+      session:<id>          the newest tools array of a recorded session
+      mcp:NAME              the newest tools/list answer of MCP server NAME
+      mcp:NAME@ID           tool set ID of that server (the ids are on its page)
+      mcp:NAME@session:<id> server NAME's tools as that session's agent offered them
+    The database (--db) is $TOOLTAP_DB, else sqlite:///tooltap.db."""
 
 
 @schemas.command("list")
@@ -71,12 +82,13 @@ def list_cmd(db_url: str | None, fmt: str) -> None:
                    f"{str(r.get('model'))[:28]:<28} {r.get('tool_count')!s:>5}  {str(r.get('tools_hash'))[:8]:<8}  {r.get('seen_at')}")
 
 
-@schemas.command()
+@schemas.command(short_help="Show a tool set, and what each provider's format would lose of it.")
 @click.argument("source")
 @db_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def show(source: str, db_url: str | None, fmt: str) -> None:
-    """Show a tool set: a file (any format), turn:<id> or session:<id>."""
+    """Show a tool set SOURCE: a file (any format), turn:<id>, session:<id>, mcp:NAME[@ID]
+    or mcp:NAME@session:<id> (see `tooltap schemas --help`)."""
     ts = _load(source, db_url)
     counts = {}
     try:
@@ -101,7 +113,8 @@ def show(source: str, db_url: str | None, fmt: str) -> None:
               help="raw: the tools on stdout, losses on stderr; json: one envelope with both")
 @db_option
 def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None) -> None:
-    """Convert a tool set to another provider's format and report what was lost."""
+    """Convert a tool set to another provider's format and report what was lost. SOURCE: a
+    file, turn:<id>, session:<id>, mcp:NAME[@ID] or mcp:NAME@session:<id>."""
     ts = _load(source, db_url)
     try:
         tools, losses = convert_tools(ts.tools, target, profile)
@@ -123,7 +136,10 @@ def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text")
 @db_option
 def diff(a: str, b: str, fmt: str, db_url: str | None) -> None:
-    """Diff tool set A (before) against B (after). Exit 1 when a change is breaking."""
+    """Diff tool set A (before) against B (after). Exit 1 when a change is breaking.
+
+    A and B: each a file (any format), turn:<id>, session:<id>, mcp:NAME[@ID] or
+    mcp:NAME@session:<id> (see `tooltap schemas --help`)."""
     ta, tb = _load(a, db_url), _load(b, db_url)
     try:
         result = diff_toolsets(ta.tools, tb.tools)

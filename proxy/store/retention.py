@@ -13,8 +13,9 @@ tools_hash) and chain nodes (message_hash) name by hash. For each batch of turns
 - a session left without turns goes, with its replay runs; the others get their counts,
   models, started_at and last_at worked out again from the turns they keep.
 MCP traffic older than the cutoff goes too (it is matched to turns when read, by time),
-and connections that ended before it once they hold no message. Tool sets stay: one row
-per distinct tools list, small, and what a server offers.
+a call whole: its request stays while its answer does (newer, or an error --keep-errors
+keeps); and so do connections that ended before it once they hold no message. Tool sets
+stay: one row per distinct tools list, small, and what a server offers.
 
 Safe while tooltap runs. Each batch is one short transaction that no writer's batch
 overlaps: on SQLite both begin with BEGIN IMMEDIATE (one writer at a time); on Postgres
@@ -42,6 +43,7 @@ import contextlib
 import json
 import re
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
@@ -286,19 +288,91 @@ def _recount(conn: Connection, session_ids: list[str]) -> None:
 
 def _mcp(conn: Connection, params: dict, keep_errors: bool, *, delete: bool) -> tuple[int, int]:
     """MCP messages older than the cutoff, and connections that ended before it and hold
-    no message any more: (messages, connections) deleted, or that would be."""
+    no message any more: (messages, connections) deleted, or that would be.
+
+    A call goes or stays whole, its request with its answer (paired as the MCP pages pair
+    them: connection and JSON-RPC id). An answer stays for its own sake (newer than the
+    cutoff, or an error kept by keep_errors); a request older than the cutoff stays while
+    its answer does, so a kept error still says which tool got which arguments."""
+    p = {**params, "no": False}
     msgs = "mcp_messages.at < :cutoff" + (" AND mcp_messages.is_error = :no" if keep_errors else "")
+    kept = _mcp_kept(conn, p, keep_errors)
     conns = ("mcp_connections.ended_at IS NOT NULL AND mcp_connections.ended_at < :cutoff AND NOT EXISTS"
              " (SELECT 1 FROM mcp_messages m WHERE m.connection = mcp_connections.id{})")
-    p = {**params, "no": False}
     if not delete:
-        n = conn.execute(text(f"SELECT count(*) FROM mcp_messages WHERE {msgs}"), p).scalar()
+        n = conn.execute(text(f"SELECT count(*) FROM mcp_messages WHERE {msgs}"), p).scalar() - len(kept)
         left = f" AND NOT (m.at < :cutoff{' AND m.is_error = :no' if keep_errors else ''})"
-        c = conn.execute(text(f"SELECT count(*) FROM mcp_connections WHERE {conns.format(left)}"), p).scalar()
-        return n, c
-    n = conn.execute(text(f"DELETE FROM mcp_messages WHERE {msgs}"), p).rowcount
+        ended = conn.execute(text(f"SELECT id FROM mcp_connections WHERE {conns.format(left)}"), p).scalars()
+        return n, len(set(ended) - set(kept.values()))
+    if not kept:
+        n = conn.execute(text(f"DELETE FROM mcp_messages WHERE {msgs}"), p).rowcount
+    elif len(kept) <= CHUNK:
+        n = conn.execute(text(f"DELETE FROM mcp_messages WHERE {msgs} AND id NOT IN :kept")
+                         .bindparams(bindparam("kept", expanding=True)), {**p, "kept": list(kept)}).rowcount
+    else:  # more than one IN list holds: by id, in chunks
+        doomed = [i for i in conn.execute(text(f"SELECT id FROM mcp_messages WHERE {msgs}"), p).scalars()
+                  if i not in kept]
+        n = _delete_in(conn, "mcp_messages", "id", doomed)
     c = conn.execute(text(f"DELETE FROM mcp_connections WHERE {conns.format('')}"), p).rowcount
     return n, c
+
+
+def _mcp_kept(conn: Connection, p: dict, keep_errors: bool) -> dict[int, str]:
+    """The messages older than the cutoff that stay because a message of the same call
+    does (see _mcp): message id -> connection. Read: the rows that stay and can answer an
+    old request (kept errors; newer answers on connections that also hold messages older
+    than the cutoff, the calls the cutoff cuts through), and the old rows on their
+    connections. A batch's members are read from its body; a batch that stays keeps every
+    call in it whole, and so on until nothing more stays."""
+    cols = "id, connection, direction, kind, jsonrpc_id, CASE WHEN kind = 'batch' THEN raw END"
+    seeds = []
+    if keep_errors:
+        seeds += conn.execute(text(f"SELECT {cols} FROM mcp_messages WHERE at < :cutoff AND is_error = :yes"
+                                   " AND kind IN ('response', 'batch')"), {**p, "yes": True}).all()
+    old = set(conn.execute(text("SELECT DISTINCT connection FROM mcp_messages WHERE at < :cutoff"), p).scalars())
+    cut = sorted(old & set(conn.execute(text("SELECT DISTINCT connection FROM mcp_messages WHERE at >= :cutoff"),
+                                        p).scalars()))
+    for chunk in _chunks(cut):
+        seeds += conn.execute(text(f"SELECT {cols} FROM mcp_messages WHERE at >= :cutoff AND connection IN :cs"
+                                   " AND kind IN ('response', 'batch')")
+                              .bindparams(bindparam("cs", expanding=True)), {**p, "cs": chunk}).all()
+    staying = {k for _id, *row in seeds for k in _calls_of(*row)}
+    if not staying:
+        return {}
+    candidates = []
+    doomed = " AND is_error = :no" if keep_errors else ""  # a kept error stays anyway
+    for chunk in _chunks(sorted({k[0] for k in staying})):
+        candidates += [(mid, row[0], _calls_of(*row)) for mid, *row in conn.execute(text(
+            f"SELECT {cols} FROM mcp_messages WHERE at < :cutoff{doomed} AND connection IN :cs"
+            " AND kind IN ('request', 'response', 'batch')").bindparams(bindparam("cs", expanding=True)),
+            {**p, "cs": chunk})]
+    kept: dict[int, str] = {}
+    more = True
+    while more:  # a single message names one call; only a batch brings in more
+        more = False
+        for mid, connection, calls in candidates:
+            if mid not in kept and calls & staying:
+                kept[mid] = connection
+                more |= not calls <= staying
+                staying |= calls
+    return kept
+
+
+def _calls_of(connection: str, direction: str, kind: str, ident: str | None, body: bytes | None) -> set[tuple]:
+    """The calls a message is part of, as (connection, the request's direction, JSON-RPC id
+    as stored): a request's own, an answer's request's; a batch's members' from its body."""
+    back = "from_server" if direction == "to_server" else "to_server"
+    if kind != "batch":
+        return {(connection, direction if kind == "request" else back, ident)} if ident is not None else set()
+    from ..mcp.messages import classify, elements, json_id
+
+    out = set()
+    for m in elements(classify(zlib.decompress(body)).json if body is not None else None):
+        if "id" in m and isinstance(m.get("method"), str):
+            out.add((connection, direction, json_id(m["id"])))
+        elif "id" in m and ("result" in m or "error" in m):
+            out.add((connection, back, json_id(m["id"])))
+    return out
 
 
 def _chunks(items: list) -> Iterator[list]:

@@ -216,3 +216,15 @@ def test_import_errors_are_one_line(tmp_path):
     nothing = runner.invoke(main, ["export", "nope", "--db", f"sqlite:///{tmp_path / 'x.db'}",
                                    "--har", str(tmp_path / "o.har")])
     assert nothing.exit_code == 2 and "no session 'nope'" in nothing.output
+
+
+def test_export_makes_the_folders_its_file_goes_in(cline, tmp_path):
+    """As `--pytest DIR` does: missing folders are made (owner-only); a file in the way is
+    one line, exit 2, and nothing is left behind."""
+    db, session_id = cline
+    har = _export(db, session_id, tmp_path / "exports" / "today" / "s.har")
+    assert har["log"]["entries"] and (tmp_path / "exports" / "today").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "notes").write_text("a file, not a folder")
+    result = CliRunner().invoke(main, ["export", session_id, "--db", f"sqlite:///{db}",
+                                       "--har", str(tmp_path / "notes" / "s.har")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "is not a folder" in result.output

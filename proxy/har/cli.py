@@ -25,9 +25,13 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
         har = session_har(open_reader(db_url), session_id)
     except (RecordingError, HarError) as exc:
         raise HarProblem(str(exc)) from None
+    from ..replay.export import ExportError, make_folders, remove_folders
+
     target = Path(path)
-    if not target.resolve().parent.is_dir():
-        raise HarProblem(f"cannot write {path}: the folder {target.resolve().parent} does not exist")
+    try:
+        made = make_folders(target.absolute().parent)  # as --pytest DIR does
+    except ExportError as exc:
+        raise HarProblem(str(exc)) from None
     text = json.dumps(har, ensure_ascii=False, indent=1)
     try:
         data = text.encode("utf-8")
@@ -36,6 +40,7 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
     try:
         write_private(target, data)  # prompts and answers: the owner's alone, as the database is
     except OSError as exc:
+        remove_folders(made)
         raise HarProblem(f"cannot write {path}: {exc.strerror or exc}") from None
     # A HAR is meant to hold the bodies, so a key pasted into one is written all the same
     # (the pytest export refuses it): the user is told, before sharing the file.

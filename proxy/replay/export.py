@@ -53,7 +53,7 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
         for path, text in zip(written, (cassette_text, module_text)):  # owner-only, as the database is
             write_private(path, text.encode("utf-8"))
     except OSError as exc:
-        _remove_empty(made)
+        remove_folders(made)
         raise ExportError(f"cannot write into {directory}: {exc.strerror or exc}") from exc
     return written
 
@@ -74,12 +74,12 @@ def make_folders(directory: Path) -> list[Path]:
             folder.mkdir(mode=0o700)
             made.append(folder)
     except OSError as exc:
-        _remove_empty(made)
+        remove_folders(made)
         raise ExportError(f"cannot write into {directory}: {exc.strerror or exc}") from exc
     return made
 
 
-def _remove_empty(folders: list[Path]) -> None:
+def remove_folders(folders: list[Path]) -> None:
     for folder in reversed(folders):
         try:
             folder.rmdir()

@@ -203,6 +203,10 @@ def test_what_tooltap_writes_captures_to_is_its_owners_alone(tmp_path, upstream)
         assert len(files) >= 3
         for f in files:
             assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+        folders = [tmp_path / ".tooltap.db.journal", *Path(tmp_path).glob(".tooltap.db.journal/*/")]
+        assert len(folders) >= 2
+        for folder in folders:  # their names say when turns came: the owner's alone too
+            assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700, folder
     finally:
         tt.signal(signal.SIGTERM)
         tt.wait(10)

@@ -62,7 +62,7 @@ class McpSpool:
         self._lock = threading.Lock()
 
     def append(self, ops: list[dict]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = "".join(encode(op) + "\n" for op in ops)
         with self._lock, open(self.path, "a", encoding="ascii", opener=private) as f:
             f.write(data)

@@ -306,11 +306,11 @@ def segment_path(slot: str, number: int) -> str:
 def claim_slot(root: str) -> tuple[str, int]:
     """The first slot no running tooltap holds, locked; segments of slots left behind by
     dead instances are moved into it (their writers gone too), to be stored first."""
-    os.makedirs(root, exist_ok=True)
+    os.makedirs(root, mode=0o700, exist_ok=True)  # owner-only, as the segments in it
     k = 0
     while True:
         slot = os.path.join(root, str(k))
-        os.makedirs(slot, exist_ok=True)
+        os.makedirs(slot, mode=0o700, exist_ok=True)
         fd = _lock(os.path.join(slot, "lock"), block=False)
         if fd is not None:
             break

@@ -283,8 +283,8 @@ class Ingestor:
         skeleton = dict(request)
         if short is None and not continues:
             # Rebuilt from the chain. Kept in the skeleton as sent: a short form, and the
-            # new messages of a request that continues an answer (its chain reads on up
-            # through the parent's).
+            # new messages of a request that continues a conversation the server keeps
+            # (its chain reads on up through the parent's).
             skeleton[keys.messages] = None
         lead = 0
         if keys.system:

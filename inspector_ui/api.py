@@ -25,7 +25,7 @@ class CapturedJSON(JSONResponse):
 router = APIRouter(default_response_class=CapturedJSON)
 
 
-def _id_sized(name: str, value: int | None) -> None:
+def id_sized(name: str, value: int | None) -> None:
     if value is not None and abs(value) > MAX_ID:
         raise HTTPException(400, f"{name}={value}: ids stop at 2^63-1")
 
@@ -50,7 +50,7 @@ def session(request: Request, session_id: str):  # routed last, see the end of t
 
 @router.get("/turns")
 def turns(request: Request, limit: int = Query(50, ge=1, le=1000), before: int | None = None):
-    _id_sized("before", before)
+    id_sized("before", before)
     return {"turns": _reader(request).turns(limit=limit, before=before)}
 
 

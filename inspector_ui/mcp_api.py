@@ -17,7 +17,7 @@ from sqlmodel import Session as DB
 from proxy.mcp import read
 from proxy.store.read import MAX_ID
 
-from .api import CapturedJSON, _id_sized
+from .api import CapturedJSON, id_sized
 
 router = APIRouter(default_response_class=CapturedJSON)
 
@@ -35,7 +35,7 @@ def servers(request: Request):
 @router.get("/mcp/messages")
 def messages(request: Request, server: str | None = None, limit: int = Query(100, ge=1, le=1000),
              before: int | None = None, connection: str | None = None):
-    _id_sized("before", before)  # as /turns answers it: a 400 that says why
+    id_sized("before", before)  # as /turns answers it: a 400 that says why
     with _db(request) as db:
         # Each item has `json` but not `raw`, its body a second time (a 400 KB tool result
         # made a list twice as big), unless it is not JSON; one message has the exact text.

@@ -334,17 +334,22 @@ def request_model(api: apis.WireAPI | None, rec: TurnRecord) -> str | None:
     reads it, else Gemini's path. It parses the body: for the live view only, once a turn,
     while someone watches, and only a body of at most MODEL_PARSE_MAX (on the event loop).
     A body still arriving (a large one goes upstream part by part) names none yet."""
-    model = None
+    request = None
     if rec.request_body and len(rec.request_body) <= MODEL_PARSE_MAX:
         try:
             request = orjson.loads(rec.request_body)
         except ValueError:  # not JSON, or not whole yet
-            request = None
-        if isinstance(request, dict):
-            model = (api.model(request, None) if api is not None else None) or request.get("model")
-    if isinstance(model, str) and model:
-        return model
-    return model_in_path(rec.path)
+            pass
+    return model_of(api, request if isinstance(request, dict) else None, None, rec.path)
+
+
+def model_of(api: apis.WireAPI | None, request: dict | None, response: Any, path: str) -> str | None:
+    """A turn's model: the answer's or the request's, as its wire API reads them, else
+    the one Gemini names in the path."""
+    model = None
+    if request is not None:
+        model = (api.model(request, response) if api is not None else None) or request.get("model")
+    return model if isinstance(model, str) and model else model_in_path(path)
 
 
 class Capture:
@@ -367,8 +372,7 @@ class Capture:
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self._t0) * 1000
 
-    def response_started(self, status: int, headers: list[tuple[str, str]], content_type: str,
-                         content_encoding: str | None) -> None:
+    def response_started(self, status: int, headers: list[tuple[str, str]], content_type: str) -> None:
         """`headers` as they came: their secrets are fingerprinted by finish() (as the
         request's are), after the stream rather than before its first byte, and before
         anything is stored."""
@@ -377,7 +381,7 @@ class Capture:
         rec.response_headers = headers
         rec.stream = content_type.startswith("text/event-stream")
         # Every line of the header: codings may be stacked on several.
-        content_encoding = self._encoding = header_values(headers, "content-encoding") or content_encoding
+        content_encoding = self._encoding = header_values(headers, "content-encoding")
         if self.live is not None and self.live.watched:
             rec.live_id = self.live.new_id()
             if rec.stream and self.api is not None:

@@ -83,14 +83,17 @@ def _through(location: bytes, upstream: Upstream, base: str) -> bytes:
     (the turn unrecorded), or, from an upstream under a prefix, reach another upstream
     with this one's key. A redirect anywhere else stays as it is."""
     loc = location.decode("latin-1")
-    if loc.startswith(upstream.url) and loc[len(upstream.url):][:1] in ("", "/", "?"):
+    if _under(loc, upstream.url):
         rest = loc[len(upstream.url):]
-    elif loc.startswith("/") and not loc.startswith("//") and loc[len(base):][:1] in ("", "/", "?") \
-            and loc.startswith(base):
+    elif loc.startswith("/") and not loc.startswith("//") and _under(loc, base):  # a path, not //host
         rest = loc[len(base):]
     else:
         return location
     return (upstream.prefix + (rest if rest.startswith("/") else "/" + rest)).encode("latin-1")
+
+
+def _under(loc: str, root: str) -> bool:
+    return loc.startswith(root) and loc[len(root):][:1] in ("", "/", "?")
 
 
 def _text(headers: Headers) -> list[tuple[str, str]]:
@@ -215,12 +218,7 @@ class Forwarder:
                                     f"tooltap could not reach the upstream: {error}")
                 return
             resp_headers = _strip(response.raw_headers)
-            capture.response_started(
-                response.status,
-                _text(resp_headers),
-                response.header("content-type") or "",
-                response.header("content-encoding"),
-            )
+            capture.response_started(response.status, _text(resp_headers), response.header("content-type") or "")
             await send({"type": "http.response.start", "status": response.status,
                         "headers": _sendable(response.status, resp_headers, upstream, base) + _turn_header(capture)})
             started = True
@@ -406,7 +404,7 @@ HANG_UP = "tooltap.hang_up"
 async def _answer_error(send, capture: Capture, status: int, kind: str, message: str) -> None:
     """Answer the client with tooltap's own JSON error, and record that as the response."""
     body = json.dumps({"error": {"type": kind, "message": message}}).encode()
-    capture.response_started(status, [["content-type", "application/json"]], "application/json", None)
+    capture.response_started(status, [["content-type", "application/json"]], "application/json")
     await _send_raw(send, status, [(b"content-type", b"application/json")] + _turn_header(capture), body)
     capture.feed(body)
 

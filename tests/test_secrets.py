@@ -118,7 +118,7 @@ def test_the_turn_handed_to_the_store_holds_only_fingerprinted_headers():
                                  upstream="http://up", request_body=b"{}",
                                  request_headers=[("authorization", "Bearer " + key), ("accept", "*/*")]), None)
     capture.response_started(200, [("content-type", "application/json"), ("set-cookie", "sid=" + "S" * 30),
-                                   ("x-request-id", "req_8f3a")], "application/json", None)
+                                   ("x-request-id", "req_8f3a")], "application/json")
     capture.feed(b"{}")
     record = capture.finish()
     headers = dict(record.response_headers)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..config import DEFAULT_DB
-from ..store.files import write_private
+from ..store.files import FolderError, make_folders, remove_folders, write_private
 from . import HarError
 
 
@@ -25,13 +25,11 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
         har = session_har(open_reader(db_url), session_id)
     except (RecordingError, HarError) as exc:
         raise HarProblem(str(exc)) from None
-    from ..replay.export import ExportError, make_folders, remove_folders
-
     target = Path(path)
     try:
         made = make_folders(target.absolute().parent)  # as --pytest DIR does
-    except ExportError as exc:
-        raise HarProblem(str(exc)) from None
+    except FolderError as exc:
+        raise HarProblem(f"cannot write {path}: {exc}") from None
     text = json.dumps(har, ensure_ascii=False, indent=1)
     try:
         data = text.encode("utf-8")

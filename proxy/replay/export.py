@@ -11,12 +11,11 @@ Nothing is written when anything key-like is left in what would be written.
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
 
-from ..store.files import write_private
+from ..store.files import FolderError, make_folders, remove_folders, write_private
 from .cassette import Cassette, find_secrets, secrets_in_text
 from .recording import turn_name
 from .upstream import CLINE_VOLATILE
@@ -47,7 +46,10 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
         raise ExportError(f"refusing to export session {recording.session_id}: {len(found)} key-like "
                           f"string(s) left in it: {shown}. Nothing was written.")
-    made = make_folders(directory)
+    try:
+        made = make_folders(directory)
+    except FolderError as exc:
+        raise ExportError(f"cannot write into {directory}: {exc}") from None
     try:
         written = [directory / cassette_name, directory / module_name]
         for path, text in zip(written, (cassette_text, module_text)):  # owner-only, as the database is
@@ -56,35 +58,6 @@ def export_pytest(recording, directory: str | Path) -> list[Path]:
         remove_folders(made)
         raise ExportError(f"cannot write into {directory}: {exc.strerror or exc}") from exc
     return written
-
-
-def make_folders(directory: Path) -> list[Path]:
-    """`mkdir -p DIRECTORY` (`tests/recorded/` in a project without `tests/` yet), each
-    folder made owner-only, as what goes in them is. Returns the folders made, outermost
-    first; on failure none is left and the ExportError says why in one line."""
-    missing, existing = [], directory.absolute()
-    while not os.path.lexists(existing):
-        missing.append(existing)
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ExportError(f"cannot write into {directory}: {existing} is not a folder")
-    made: list[Path] = []
-    try:
-        for folder in reversed(missing):
-            folder.mkdir(mode=0o700)
-            made.append(folder)
-    except OSError as exc:
-        remove_folders(made)
-        raise ExportError(f"cannot write into {directory}: {exc.strerror or exc}") from exc
-    return made
-
-
-def remove_folders(folders: list[Path]) -> None:
-    for folder in reversed(folders):
-        try:
-            folder.rmdir()
-        except OSError:
-            pass
 
 
 def pytest_module(recording, cassette_name: str, cut_short: set | frozenset = frozenset()) -> str:

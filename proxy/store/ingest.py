@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session as DB
 
 from .. import apis
-from ..capture import TurnRecord, assemble, codings, decompress, header_values, model_in_path
+from ..capture import TurnRecord, assemble, codings, decompress, header_values, model_of
 from . import content, search
 from .db import PRUNE_LOCK
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
@@ -213,8 +213,7 @@ class Ingestor:
         hashes: list[str] = []
         continues = api.continues(request) if api is not None and request is not None else None
         if request is not None:
-            turn.model = ((api.model(request, response) if api else None) or request.get("model")
-                          or model_in_path(rec.path))
+            turn.model = model_of(api, request, response, rec.path)
             hashes = self._split_request(turn, request, api, parsed, continues)
         if api is not None:
             turn.continue_id = api.continue_id(request, response)

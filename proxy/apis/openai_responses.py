@@ -209,10 +209,12 @@ class OpenAIResponses(WireAPIBase):
         items: list[Any] = []
         for asked, answer in [*earlier, (request, {})]:
             items += self.short_input(asked.get("input")) or list(asked.get("input") or [])
-            # An answer's output items are input items as they stand (the SDK's own way to
-            # continue without a reference); reasoning items are left out: an endpoint
-            # accepts only its own.
-            items += [i for i in answer.get("output") or [] if isinstance(i, dict) and i.get("type") in _SENT_BACK]
+            # An answer's output items are input items (the SDK's own way to continue
+            # without a reference), less their ids: those name items the recording's server
+            # held, and reasoning items are left out (an endpoint accepts only its own), so a
+            # reasoning model refuses a `fc_` id sent without its `rs_` item. `call_id` pairs.
+            items += [{k: v for k, v in i.items() if k != "id"} for i in answer.get("output") or []
+                      if isinstance(i, dict) and i.get("type") in _SENT_BACK]
         body = {k: v for k, v in request.items() if k not in ("previous_response_id", "conversation")}
         if earlier:
             body["input"] = items

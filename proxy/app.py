@@ -70,7 +70,7 @@ class TooltapApp:
                 return await self.inspector(scope, receive, send)
             if self.mcp is not None and self.mcp.serves(path):
                 return await self.mcp(scope, receive, send)
-            if path == "/" and scope["method"] == "GET" and _wants_html(scope):
+            if path == "/" and scope["method"] in ("GET", "HEAD") and _wants_html(scope):
                 return await _redirect(send, RESERVED_PREFIX + "/")
             if path == "/favicon.ico" and _browser_fetches_image(scope):
                 # Asked by a browser showing the inspector's JSON or raw bytes: not the

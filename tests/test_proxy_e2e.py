@@ -199,8 +199,9 @@ def test_reserved_prefix_is_not_forwarded(tooltap, upstream):
     assert httpx.get(f"{tooltap.url}/_tooltap/api/turns").json() == {"turns": []}
     assert httpx.get(f"{tooltap.url}/_tooltap/api/nope").status_code == 404
     assert upstream.received == []
-    r = httpx.get(f"{tooltap.url}/", headers={"accept": "text/html"})
-    assert r.status_code == 307 and r.headers["location"] == "/_tooltap/"
+    for method in ("GET", "HEAD"):  # HEAD answers as GET does
+        r = httpx.request(method, f"{tooltap.url}/", headers={"accept": "text/html"})
+        assert r.status_code == 307 and r.headers["location"] == "/_tooltap/"
     # A browser showing the API's JSON asks for an icon: answered here, no turn recorded.
     icon = httpx.get(f"{tooltap.url}/favicon.ico", headers={"sec-fetch-dest": "image"})
     assert icon.status_code == 204 and upstream.received == []

@@ -31,8 +31,8 @@ class UsageProblem(click.ClickException):
 
 
 # For the commands that change the database (the read commands take replay's db_option).
-db_changed_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
-                                 metavar="URL", help="The tooltap database (env: TOOLTAP_DB).")
+db_changed_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB,
+                                 show_default=True, metavar="URL", help="The tooltap database.")
 _BARE_GROUP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 and later
 
 
@@ -111,9 +111,10 @@ def _secret_names(ctx, param, values):
 
 @main.command()
 @click.option("--upstream", "upstreams", multiple=True, callback=_upstream, metavar="URL | NAME=URL",
-              help="Where to forward. A bare URL is served at the root; NAME=URL under /NAME/. Repeatable.")
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
-              help="Database URL (sqlite:///FILE or postgresql+psycopg://...).")
+              help="Where to forward. A bare URL is served at the root; NAME=URL under /NAME/. Repeatable.  "
+                   "[env var: TOOLTAP_UPSTREAM, the same, separated by commas or spaces]")
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB, show_default=True,
+              metavar="URL", help="Database URL (sqlite:///FILE or postgresql+psycopg://...).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; one that is not loopback needs --ui-token.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
@@ -122,18 +123,18 @@ def _secret_names(ctx, param, values):
               help="Seconds to wait for each upstream read; slow models think before they speak.")
 @click.option("--connect-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds to wait for a connection to the upstream, TLS handshake included.")
-@click.option("--spool", "spool_path", envvar="TOOLTAP_SPOOL", default=None,
+@click.option("--spool", "spool_path", envvar="TOOLTAP_SPOOL", show_envvar=True, default=None,
               help="File where turns wait while the database is down (default: beside the SQLite file).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", default=None,
+@click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", show_envvar=True, default=None,
               help="Token the inspector asks for on every page, API and live request "
-                   "(required when --host is not a loopback address). Env: TOOLTAP_UI_TOKEN.")
+                   "(required when --host is not a loopback address).")
 @click.option("--secret-header", "secret_headers", multiple=True, metavar="NAME", callback=_secret_names,
               help="Also store this header (or query parameter) only as a fingerprint, beside those whose "
                    "names say key, token, auth, secret... Repeatable; TOOLTAP_SECRET_HEADERS (comma-separated) "
                    "adds more.")
-@click.option("--shutdown-grace", envvar="TOOLTAP_SHUTDOWN_GRACE", default=8.0, show_default=True,
+@click.option("--shutdown-grace", envvar="TOOLTAP_SHUTDOWN_GRACE", show_envvar=True, default=8.0, show_default=True,
               type=click.FloatRange(min=0.5), metavar="SECONDS",
               help="On SIGTERM, SIGINT or SIGHUP, exit within this time: open streams may finish until "
                    "3 s before it (half of it, if shorter), then are cut and recorded. Keep it under your "
@@ -143,14 +144,16 @@ def _secret_names(ctx, param, values):
                    "past it, idle connections make room.")
 @click.option("--mcp", "mcp_servers", multiple=True, callback=_mcp_servers, metavar="NAME=URL",
               help="Also serve this streamable-HTTP MCP server at /_mcp/NAME and record its traffic. Repeatable.")
-@click.option("--workers", envvar="TOOLTAP_WORKERS", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="tooltap processes serving the port, one core each (they share the database). Env: TOOLTAP_WORKERS.")
-@click.option("--writers", envvar="TOOLTAP_WRITERS", default=1, show_default=True, type=click.IntRange(1, 16),
+@click.option("--workers", envvar="TOOLTAP_WORKERS", show_envvar=True, default=1, show_default=True,
+              type=click.IntRange(1, 64),
+              help="tooltap processes serving the port, one core each (they share the database).")
+@click.option("--writers", envvar="TOOLTAP_WRITERS", show_envvar=True, default=1, show_default=True,
+              type=click.IntRange(1, 16),
               help="Processes that store turns, one core each at full load (a conversation always goes to the "
-                   "same one). One stores a few hundred agent turns a second. Env: TOOLTAP_WRITERS.")
-@click.option("--turn-header", is_flag=True, envvar="TOOLTAP_TURN_HEADER",
+                   "same one). One stores a few hundred agent turns a second.")
+@click.option("--turn-header", is_flag=True, envvar="TOOLTAP_TURN_HEADER", show_envvar=True,
               help="Add X-Tooltap-Turn: UID to every forwarded response; GET /_tooltap/api/turns/uid/UID?wait=5 "
-                   "then gives that turn (a test finds its own turn without polling). Env: TOOLTAP_TURN_HEADER=1.")
+                   "then gives that turn (a test finds its own turn without polling).")
 @otlp_options  # listed last in --help
 def serve(upstreams, db_url, host, port, read_timeout, connect_timeout, spool_path, log_level, ui_token,
           secret_headers, shutdown_grace, max_connections, mcp_servers, workers, writers, turn_header) -> None:
@@ -273,7 +276,7 @@ def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
               help="Default: 8000, or a free port when 8000 is taken.")
 @click.option("--db", "db_url", default=None,
               help="Keep the demo's database here (default: a temporary file removed on exit).")
-@click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", default=None, help="As for `serve`.")
+@click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", show_envvar=True, default=None, help="As for `serve`.")
 @click.option("--live-every", default=20.0, show_default=True, type=float,
               help="Seconds between slowly streamed turns, to watch live updates (0: none).")
 def demo(host, port, db_url, ui_token, live_every) -> None:

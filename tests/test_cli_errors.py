@@ -326,6 +326,31 @@ def test_a_bare_group_shows_its_help_and_every_summary_whole():
         assert not [line for line in listing.splitlines() if line.endswith("...")], listing  # cut at 80 columns
 
 
+def test_every_option_read_from_the_environment_says_which_variable_in_its_help():
+    import click
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    def commands(group, path):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, [*path, name])
+            else:
+                yield [*path, name], cmd
+
+    seen = 0
+    for path, cmd in commands(main, []):
+        shown = " ".join(CliRunner().invoke(main, [*path, "--help"], terminal_width=200).output.split())
+        for param in cmd.params:
+            if isinstance(param, click.Option) and param.envvar:
+                assert f"env var: {param.envvar}" in shown, (path, param.name)
+                seen += 1
+    assert seen >= 15
+    serve = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
+    assert "env var: TOOLTAP_UPSTREAM" in serve and "--db URL" in serve  # read by its callback, not click
+
+
 def test_ctrl_c_exits_130_with_one_line(tmp_path):
     """Not click's "Aborted!" and 1, which for replay is the code of a turn that differs."""
     import os

@@ -466,7 +466,7 @@ def test_help_names_the_environment_the_wrapper_honours(tmp_path):
     from proxy.cli import main
 
     shown = " ".join(CliRunner().invoke(main, ["mcp", "--help"]).output.split())
-    assert "Env: TOOLTAP_DB." in shown and "Env: TOOLTAP_MCP_SPOOL." in shown
+    assert "[env var: TOOLTAP_DB;" in shown and "[env var: TOOLTAP_MCP_SPOOL]" in shown
     spool, data = tmp_path / "spool", jsonrpc({"jsonrpc": "2.0", "id": 1, "method": "ping"})
     down = f"postgresql+psycopg://tooltap:x@127.0.0.1:{_closed_port()}/tooltap"
     argv = [sys.executable, "-m", "proxy", "mcp", "--name", "echo", "--", *CAT]

@@ -51,8 +51,9 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
 
 @click.command("import", short_help="Load a HAR file (devtools, mitmproxy, tooltap) into the store.")
 @click.argument("path", metavar="FILE.har", type=click.Path(dir_okay=False))
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
-              help="The tooltap database to load into (created if missing; env: TOOLTAP_DB).")
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB, show_default=True,
+              metavar="URL",
+              help="The tooltap database to load into (created if missing).")
 @click.option("--all-requests", is_flag=True,
               help="Also store entries that are no model call (pages, images, model lists).")
 def import_command(path, db_url, all_requests) -> None:

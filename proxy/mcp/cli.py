@@ -24,12 +24,12 @@ class WrapperProblem(click.ClickException):
 @click.option("--name", default=None, metavar="NAME",
               help="The server's name in the inspector (default: the serverInfo.name of its answer to initialize). "
                    "Give the name the agent knows it by, so its tool calls are tied to the MCP calls.")
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
-              help="Database URL, shared with `tooltap serve` (sqlite:///ABSOLUTE/PATH or postgresql+psycopg://...). "
-                   "Env: TOOLTAP_DB.")
-@click.option("--spool", "spool_dir", envvar="TOOLTAP_MCP_SPOOL", default=None, metavar="DIR",
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB, show_default=True,
+              metavar="URL",
+              help="Database URL, shared with `tooltap serve` (sqlite:///ABSOLUTE/PATH or postgresql+psycopg://...).")
+@click.option("--spool", "spool_dir", envvar="TOOLTAP_MCP_SPOOL", show_envvar=True, default=None, metavar="DIR",
               help="Folder where messages wait while the database is unavailable "
-                   "(default: beside the SQLite file, else ~/.cache/tooltap). Env: TOOLTAP_MCP_SPOOL.")
+                   "(default: beside the SQLite file, else ~/.cache/tooltap).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def mcp(name, db_url, spool_dir, command) -> None:
     """Run a stdio MCP server and record every message between it and the agent.

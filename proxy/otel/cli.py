@@ -28,12 +28,12 @@ def _endpoint(ctx, param, value: str | None) -> str | None:
 
 
 endpoint_option = click.option(
-    "--otlp-endpoint", "endpoint", envvar="OTEL_EXPORTER_OTLP_ENDPOINT", metavar="URL", default=None,
+    "--otlp-endpoint", "endpoint", envvar="OTEL_EXPORTER_OTLP_ENDPOINT", show_envvar=True, metavar="URL", default=None,
     callback=_endpoint,
-    help="An OTLP/HTTP collector: its base URL (/v1/traces is added) or its traces URL. "
-         "Env: OTEL_EXPORTER_OTLP_ENDPOINT.")
+    help="An OTLP/HTTP collector: its base URL (/v1/traces is added) or its traces URL.")
 content_option = click.option(
-    "--otlp-content", "content", is_flag=True, envvar="OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+    "--otlp-content", "content", is_flag=True, show_envvar=True,
+    envvar="OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
     help="Also send messages, system instructions, tool definitions and tool-call arguments and "
          "results (sensitive: off by default, as the GenAI conventions require).")
 
@@ -82,8 +82,9 @@ def otel() -> None:
 
 @otel.command("export", short_help="Send stored sessions to an OTLP collector, a trace each.")
 @click.argument("session_ids", nargs=-1, metavar="[SESSION ...]")
-@click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True, metavar="URL",
-              help="The tooltap database to read (env: TOOLTAP_DB).")
+@click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB, show_default=True,
+              metavar="URL",
+              help="The tooltap database to read.")
 @endpoint_option
 @content_option
 def export_cmd(session_ids, db_url, endpoint, content) -> None:

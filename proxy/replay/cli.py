@@ -12,8 +12,8 @@ from .compare import ARG_MODES, ORDER_MODES, Rules
 from .recording import RecordingError, load, open_reader
 from .result import ReplayResult, render_json, render_markdown, render_text
 
-db_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", default=DEFAULT_DB, show_default=True,
-                         metavar="URL", help="The tooltap database to read (env: TOOLTAP_DB).")
+db_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB,
+                         show_default=True, metavar="URL", help="The tooltap database to read.")
 format_option = click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
                              default="text", show_default=True)
 record_run_option = click.option("--record-run", is_flag=True,
@@ -121,9 +121,9 @@ def _progress(total: int):
               help="With --against: translate each request into this API first.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
               help="With --against: run each turn K times and report pass^k.")
-@click.option("--api-key", envvar="TOOLTAP_REPLAY_API_KEY", default=None,
+@click.option("--api-key", envvar="TOOLTAP_REPLAY_API_KEY", show_envvar=True, default=None,
               help="With --against: the key for the endpoint, sent the way its API expects "
-                   "(stored keys are fingerprints). Env: TOOLTAP_REPLAY_API_KEY.")
+                   "(stored keys are fingerprints).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="'NAME: VALUE'",
               help="With --against: an extra request header. Repeatable.")
 @click.option("--order", type=click.Choice(ORDER_MODES), default="strict", show_default=True,
@@ -138,7 +138,9 @@ def _progress(total: int):
 @record_run_option
 def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat, api_key, headers,
                 order, arg_mode, tool_args, ignore, fmt, record_run) -> None:
-    """Replay SESSION and compare what comes back with what was recorded, turn by turn.
+    """Replay SESSION and compare what comes back with what was recorded, turn by turn:
+    from the stored answers (--recorded) or from a live endpoint (--against URL); give
+    one of the two.
 
     Exit 0 when every turn matches, 1 when one differs or none could be compared (every
     turn skipped), 2 on a usage error."""

@@ -59,7 +59,7 @@ def schemas() -> None:
 
 @schemas.command("list")
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def list_cmd(db_url: str | None, fmt: str) -> None:
     """Tool sets seen by the proxy, by session and provider."""
     try:
@@ -85,7 +85,7 @@ def list_cmd(db_url: str | None, fmt: str) -> None:
 @schemas.command(short_help="Show a tool set, and what each provider's format would lose of it.")
 @click.argument("source")
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def show(source: str, db_url: str | None, fmt: str) -> None:
     """Show a tool set SOURCE: a file (any format), turn:<id>, session:<id>, mcp:NAME[@ID]
     or mcp:NAME@session:<id> (see `tooltap schemas --help`)."""
@@ -133,7 +133,8 @@ def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None
 @schemas.command()
 @click.argument("a")
 @click.argument("b")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+              show_default=True)
 @db_option
 def diff(a: str, b: str, fmt: str, db_url: str | None) -> None:
     """Diff tool set A (before) against B (after). Exit 1 when a change is breaking.

@@ -69,9 +69,14 @@ def test_a_conversation_continued_by_reference_is_one_session_with_its_results_p
     client = openai.OpenAI(base_url=f"{tooltap.url}/v1", api_key="sk-test-0123456789abcdef")
     # Its parent never went through tooltap: a session of its own, not a lost turn.
     client.responses.create(model="gpt-test", previous_response_id="resp_elsewhere", input="and tomorrow?")
+    # One that sends only a result has no words of its own: its title says what it continues.
+    upstream.routes["/v1/responses"].append(Reply.json(answer("resp_y", say="fine")))
+    client.responses.create(model="gpt-test", previous_response_id="resp_<b>", input=result(("call_8", "ok")))
 
     sessions = tooltap.api("/sessions")["sessions"]
-    assert sorted(s["turns"] for s in sessions) == [1, 3]
+    assert sorted(s["turns"] for s in sessions) == [1, 1, 3]
+    assert {s["title"] for s in sessions if s["turns"] == 1} == {"and tomorrow?", "(continues resp_<b>, not recorded)"}
+    assert "(continues resp_&lt;b&gt;, not recorded)" in httpx.get(f"{tooltap.url}/_tooltap/").text
     weather = next(s for s in sessions if s["turns"] == 3)
     assert weather["title"] == "Weather in Paris and Lyon?"
     turns = tooltap.api(f"/sessions/{weather['id']}")["turns"]

@@ -358,6 +358,8 @@ class Ingestor:
                 it.chain, it.turn.chain_hash = placement.chain, placement.chain[-1]
                 it.turn.message_count += placement.offset
             it.new_session = placement.new_session
+            if it.new_session and it.continues and not it.title:  # results alone, say, to an answer never seen
+                it.title = f"(continues {it.continues[:80]}, not recorded)"
             for i in range(placement.known_depth, len(it.chain)):  # the nodes above are stored
                 h = it.chain[i]
                 if h not in self._known and h not in placer.nodes and h not in nodes:

@@ -17,6 +17,8 @@ on heads and bodies, a connection cap), and without its signal handling.
                       first body chunk handed to the server, handed over) to FILE
   --bare              serve bare_proxy.py instead of tooltap: the same server and client
                       layers with nothing of tooltap's (the floor of those layers)
+  --raw               serve raw_proxy.py instead: asyncio protocols relaying the
+                      upstream's bytes, no uvicorn, no ASGI (the floor of a proxy in Python)
 
 overhead.py runs it with --variant "ARGS".
 """
@@ -80,7 +82,13 @@ def main() -> None:
     ap.add_argument("--switch-interval", type=float)
     ap.add_argument("--stages", metavar="FILE")
     ap.add_argument("--bare", action="store_true")
+    ap.add_argument("--raw", action="store_true")
     a = ap.parse_args()
+    if a.raw:
+        import raw_proxy
+
+        sys.argv = [sys.argv[0], "--upstream", a.upstream, "--port", str(a.port)]
+        return raw_proxy.main()
     if a.switch_interval:
         sys.setswitchinterval(a.switch_interval)
     if a.no_capture:

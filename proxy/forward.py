@@ -184,6 +184,8 @@ class Forwarder:
             self.sink(capture.finish("proxy_error", SHUT_DOWN))
             return
         if body.incomplete:  # a half-sent request must not reach the upstream as if whole
+            if body.timed_out:
+                capture.record.http_status = 408  # what the client was answered
             self.sink(capture.finish("client_aborted", body.incomplete))
             return
         if not raw_path.startswith("/"):  # `OPTIONS *`: a question to this server, not a route
@@ -348,6 +350,7 @@ class _RequestBody:
         self.parts: list[bytes] = []
         self.done = False
         self.incomplete: str | None = None  # why it did not all arrive
+        self.timed_out = False  # too slow: tooltap answered 408 (connections.py)
 
     @property
     def data(self) -> bytes:
@@ -366,6 +369,7 @@ class _RequestBody:
         if message["type"] == "http.disconnect":
             too_slow = self._scope.get("extensions", {}).get(TIMED_OUT)
             self.done, self.incomplete = True, too_slow or "the client hung up while sending its request"
+            self.timed_out = bool(too_slow)
             return False
         self.parts.append(message.get("body", b""))
         self.done = not message.get("more_body")

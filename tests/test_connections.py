@@ -119,7 +119,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_and_recorded(guarded, upstream):
     assert time.monotonic() - started < 2.5
     assert upstream.received == []  # half a request never goes upstream
     turn = tt.api("/turns")["turns"][0]
-    assert turn["status"] == "client_aborted"
+    assert turn["status"] == "client_aborted" and turn["http_status"] == 408  # as answered
     assert "too slow sending its request body" in tt.api(f"/turns/{turn['id']}")["error"]
 
 

@@ -25,7 +25,7 @@ from . import upstream as upstream_client
 from .capture import Capture, TurnRecord
 from .config import Settings, Upstream
 from .live import LiveHub
-from .secrets import redact_path, redact_query, redact_url
+from .secrets import redact_query, redact_url
 
 log = logging.getLogger("tooltap")
 
@@ -167,7 +167,7 @@ class Forwarder:
             TurnRecord(
                 started_at=started_at,
                 method=method,
-                path=redact_path(raw_path) + ("?" + redact_query(query) if query else ""),
+                path=raw_path + ("?" + redact_query(query) if query else ""),
                 upstream=redact_url(upstream.url),
                 request_headers=headers,  # fingerprinted by capture.finish(), before anything is stored
                 request_body=body.data,  # (streamed: its first part, until the rest has come)

@@ -8,8 +8,8 @@ its own header (`helicone-auth`, `x-portkey-api-key`, `x-amz-security-token`...)
 - a header or query parameter whose name has a word that says credential (key, token,
   auth, secret, password, credential, session, signature, cookie...), whole or fused
   (`apiKey`, `X-Amz-Security-Token`, `sessionid`); the value becomes a fingerprint;
-- anywhere in any other header value, query parameter or path, a string shaped like a
-  known key (`sk-...`, `AIza...`, `xoxb-...`, `ghp_...`, a JWT...) is fingerprinted in place;
+- anywhere in any other header value or query parameter, a string shaped like a known
+  key (`sk-...`, `AIza...`, `xoxb-...`, `ghp_...`, a JWT...) is fingerprinted in place;
 - names added by the operator (`tooltap serve --secret-header NAME`).
 """
 
@@ -68,7 +68,7 @@ def add_secret_names(names: Iterable[str]) -> None:
     """Also treat these header (or query parameter) names as secret, for this process."""
     global _extra_names
     _extra_names = _extra_names | {n.strip().lower() for n in names if n.strip()}
-    for cached in (is_secret_name, redact_header, redact_query, redact_url):  # redact_path: shapes only
+    for cached in (is_secret_name, redact_header, redact_query, redact_url):
         cached.cache_clear()
 
 
@@ -131,16 +131,9 @@ def redact_query(query: str) -> str:
     return "".join(parts)
 
 
-@lru_cache(maxsize=256)
-def redact_path(path: str) -> str:
-    """Key-shaped strings in a path fingerprinted: some gateways take their key in the URL."""
-    return redact_keys(path)
-
-
 @lru_cache(maxsize=64)
 def redact_url(url: str) -> str:
-    """Drop user:password from a URL and fingerprint secret query parameters and key-shaped
-    strings in its path."""
+    """Drop user:password from a URL and fingerprint secret query parameters."""
     url = re.sub(r"//[^/@]+@", "//", url, count=1)
     base, sep, query = url.partition("?")
-    return redact_keys(base) + sep + redact_query(query) if sep else redact_keys(url)
+    return base + sep + redact_query(query) if sep else url

@@ -110,20 +110,6 @@ def test_credentials_by_rule_never_reach_the_database(tooltap, upstream):
     assert response_headers["x-litellm-response-cost"] == "0.0021"
 
 
-def test_a_key_in_the_path_is_forwarded_and_stored_as_a_fingerprint(make_tooltap, upstream):
-    """Some gateways take their key in the URL, the upstream's or the agent's."""
-    key, in_url = "sk-proj-" + random.token_hex(20), "sk-gw-" + random.token_hex(20)
-    upstream.routes[f"/{in_url}/v1/{key}/chat/completions"] = chat_reply()
-    tt = make_tooltap(f"{upstream.url}/{in_url}")
-    r = httpx.post(f"{tt.url}/v1/{key}/chat/completions", json={"model": "m", "messages": []})
-    assert r.status_code == 200 and upstream.received[-1].path == f"/{in_url}/v1/{key}/chat/completions"
-    (turn,) = tt.api("/turns")["turns"]
-    assert turn["path"] == f"/v1/{fingerprint(key)}/chat/completions"
-    assert turn["upstream"] == f"{upstream.url}/{fingerprint(in_url)}"
-    stored = db_bytes(tt.db_path)
-    assert key.encode() not in stored and in_url.encode() not in stored
-
-
 def test_the_turn_handed_to_the_store_holds_only_fingerprinted_headers():
     # The hot path passes the headers on as they came and redacts them after the stream:
     # what finish() hands to the journal must be redacted all the same.
@@ -228,13 +214,3 @@ def test_what_tooltap_writes_captures_to_is_its_owners_alone(tmp_path, upstream)
     spool.append([TurnRecord(started_at=1.0, method="POST", path="/x", upstream="u", request_headers=[],
                              request_body=b"{}")])
     assert stat.S_IMODE(os.stat(tmp_path / "s.jsonl").st_mode) == 0o600
-
-
-def test_a_har_entry_with_a_key_in_its_url_path_is_loaded_with_a_fingerprint():
-    from proxy.har.load import entry_record
-
-    key = "sk-gw-" + random.token_hex(20)
-    entry = {"startedDateTime": "2025-01-01T00:00:00Z", "time": 1,
-             "request": {"method": "POST", "url": f"https://gw.example/{key}/v1/chat/completions", "headers": []},
-             "response": {"status": 200, "headers": [], "content": {"text": "{}", "mimeType": "application/json"}}}
-    assert entry_record(entry).path == f"/{fingerprint(key)}/v1/chat/completions"

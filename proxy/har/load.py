@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import apis
 from ..capture import TurnRecord
-from ..secrets import redact_headers, redact_path, redact_query, redact_url
+from ..secrets import redact_headers, redact_query, redact_url
 from . import TOOLTAP_FIELD, HarError
 
 _DROPPED_REQUEST_HEADERS = {"host", "x-tooltap-session"}
@@ -84,7 +84,7 @@ def entry_record(e: dict) -> TurnRecord:
         f":{parts.port}" if parts.port else ""))
     path = ours.get("path") or ((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
     base, sep, query = path.partition("?")
-    path = redact_path(base) + sep + _redact_query(query)
+    path = base + sep + _redact_query(query)
     api = ours.get("api") or _api(method, parts.path or "/")
 
     request_headers = _pairs(req.get("headers"))

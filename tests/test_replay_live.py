@@ -231,6 +231,16 @@ def test_same_answers_pass_and_the_key_goes_in_its_header(tooltap, upstream):
         assert all(r.header("authorization") is None for r in target.received[4:])
         assert {r.json()["model"] for r in target.received[4:]} == {"other-model"}
 
+        # The URL's query goes with every request (Azure's api-version, a ?key=), shown and
+        # kept with its key fingerprinted.
+        google = "AIzaSy" + "Q" * 33
+        result = replay(tooltap, session, f"{target.url}/v1?api-version=2024-10-21&key={google}", "--record-run")
+        assert result.exit_code == 0, result.output
+        assert {r.query for r in target.received[8:]} == {f"api-version=2024-10-21&key={google}"}
+        assert google not in result.output and "?api-version=2024-10-21&key=…QQQQ#" in result.output
+        stored = b"".join(p.read_bytes() for p in tooltap.db_path.parent.glob("tooltap*.db*"))
+        assert b"api-version=2024-10-21&key=" in stored and google.encode() not in stored  # the run, its key hidden
+
 
 def test_other_arguments_fail_naming_turn_tool_and_path(tooltap, upstream):
     session = record_cline(tooltap, upstream)
@@ -368,6 +378,8 @@ def test_translated_to_gemini_reports_what_was_lost(tooltap, upstream):
         assert got.query == "alt=sse" and got.header("x-goog-api-key") == KEY and got.header("authorization") is None
         assert "lost in translation: parallel_tool_calls = false" in result.output
         assert "14 tools ask_followup_question" in result.output and "additionalProperties" in result.output
+        result = replay(tooltap, session, target.url + "?x-proxy=1", "--to", "gemini", "--model", "gemini-test")
+        assert result.exit_code == 0 and target.received[-1].query == "alt=sse&x-proxy=1"  # both
         target.routes[path] = speaking("gemini", moved, gemini_problems)
         result = replay(tooltap, session, target.url, "--to", "gemini", "--model", "gemini-test")
         assert result.exit_code == 1 and "$.latitude recorded 38.9072, replayed 40.7128" in result.output

@@ -28,10 +28,12 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
 from .. import apis
+from ..secrets import redact_url
 from ..agents.base import CallInput, TurnInput
 from ..agents.session import decode_session
 from ..sse import Event, SSEDecoder
@@ -62,6 +64,7 @@ class Target:
     model: str | None = None
     api_key: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    params: list[tuple[str, str]] = field(default_factory=list)  # the URL's query (Azure's api-version)
 
 
 @dataclass
@@ -74,17 +77,20 @@ class Prepared:
     headers: dict[str, str]
     lost: list[str] = field(default_factory=list)
     renamed: dict[str, str] = field(default_factory=dict)  # as sent -> as recorded
+    params: list[tuple[str, str]] = field(default_factory=list)  # added to the URL's own query
 
 
 def replay_live(recording: Recording, url: str, *, model: str | None = None, to_api: str | None = None,
                 repeat: int = 1, rules: Rules | None = None, api_key: str | None = None,
                 headers: dict[str, str] | None = None) -> ReplayResult:
     """Send each recorded turn `repeat` times to `url` and compare its tool calls."""
-    target = Target(_base_url(url), to_api, model, api_key, dict(headers or {}))
+    base, params = _base_url(url)
+    target = Target(base, to_api, model, api_key, dict(headers or {}), params)
     rules = rules or Rules()
-    label = target.base + (f" as {to_api}" if to_api else "") + (f" with model {model}" if model else "")
+    shown = redact_url(f"{base}?{urlencode(params)}" if params else base)  # a ?key= is not kept
+    label = shown + (f" as {to_api}" if to_api else "") + (f" with model {model}" if model else "")
     result = ReplayResult("live", recording.session_id, label, settings={
-        "url": target.base, "model": model, "to": to_api, "repeat": repeat, "order": rules.order,
+        "url": shown, "model": model, "to": to_api, "repeat": repeat, "order": rules.order,
         "args": rules.args, "per_tool": dict(rules.per_tool), "ignore": list(rules.ignore)})
     uids = _known_uids(recording)
     places = recording.places
@@ -104,14 +110,15 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
     return result
 
 
-def _base_url(url: str) -> str:
+def _base_url(url: str) -> tuple[str, list[tuple[str, str]]]:
+    """The base every endpoint path goes after, and the query to send with each request."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError) as exc:
         raise LiveError(f"--against {url!r}: not a URL ({exc})") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise LiveError(f"--against {url!r}: give an http:// or https:// URL with a host")
-    return str(parsed.copy_with(query=None, fragment=None)).rstrip("/")
+    return str(parsed.copy_with(query=None, fragment=None)).rstrip("/"), list(parsed.params.multi_items())
 
 
 def written_out(turn: RecordedTurn, by_id: dict[int, RecordedTurn]) -> tuple[RecordedTurn, list[str]]:
@@ -226,7 +233,7 @@ def prepare(turn: RecordedTurn, target: Target) -> Prepared:
             if value:
                 sent[name] = value
     sent.update({k.lower(): v for k, v in target.headers.items()})
-    return Prepared(api, _endpoint(target.base, api, model, stream), body, sent, lost, renamed)
+    return Prepared(api, _endpoint(target.base, api, model, stream), body, sent, lost, renamed, target.params)
 
 
 def _recorded_stream(turn: RecordedTurn) -> bool:
@@ -291,7 +298,8 @@ def send(client: httpx.Client, prepared: Prepared) -> dict:
 def _fetch(client: httpx.Client, prepared: Prepared) -> dict:
     api = apis.by_name(prepared.api)
     try:
-        with client.stream("POST", prepared.url, json=prepared.body, headers=prepared.headers) as r:
+        url = httpx.URL(prepared.url).copy_merge_params(prepared.params) if prepared.params else prepared.url
+        with client.stream("POST", url, json=prepared.body, headers=prepared.headers) as r:
             if r.status_code >= 400:
                 r.read()
                 raise ReplayFailure(f"HTTP {r.status_code} from {prepared.url}: {_error_text(r)}")

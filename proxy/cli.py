@@ -126,14 +126,15 @@ def _secret_names(ctx, param, values):
 @click.option("--spool", "spool_path", envvar="TOOLTAP_SPOOL", show_envvar=True, default=None,
               help="File where turns wait while the database is down (default: beside the SQLite file).")
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+              type=click.Choice(["debug", "info", "warning", "error"]),
+              help="How much tooltap says on stderr: warnings name every turn it could not forward.")
 @click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", show_envvar=True, default=None,
               help="Token the inspector asks for on every page, API and live request "
                    "(required when --host is not a loopback address).")
 @click.option("--secret-header", "secret_headers", multiple=True, metavar="NAME", callback=_secret_names,
               help="Also store this header (or query parameter) only as a fingerprint, beside those whose "
-                   "names say key, token, auth, secret... Repeatable; TOOLTAP_SECRET_HEADERS (comma-separated) "
-                   "adds more.")
+                   "names say key, token, auth, secret... Repeatable.  [env var: TOOLTAP_SECRET_HEADERS, "
+                   "comma-separated, added to these]")
 @click.option("--shutdown-grace", envvar="TOOLTAP_SHUTDOWN_GRACE", show_envvar=True, default=8.0, show_default=True,
               type=click.FloatRange(min=0.5), metavar="SECONDS",
               help="On SIGTERM, SIGINT or SIGHUP, exit within this time: open streams may finish until "
@@ -274,8 +275,9 @@ def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
               help="Address to listen on; one that is not loopback needs --ui-token.")
 @click.option("--port", default=None, type=click.IntRange(1, 65535),
               help="Default: 8000, or a free port when 8000 is taken.")
-@click.option("--db", "db_url", default=None,
-              help="Keep the demo's database here (default: a temporary file removed on exit).")
+@click.option("--db", "db_url", default=None, metavar="FILE | URL",
+              help="Keep the demo's database here, a SQLite file or a database URL (default: a temporary "
+                   "file removed on exit).")
 @click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", show_envvar=True, default=None, help="As for `serve`.")
 @click.option("--live-every", default=20.0, show_default=True, type=float,
               help="Seconds between slowly streamed turns, to watch live updates (0: none).")

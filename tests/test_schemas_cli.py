@@ -170,7 +170,7 @@ def test_help_names_every_source_a_tool_set_is_read_from(tmp_path):
         shown = " ".join(run(*args).output.split())
         assert "mcp:NAME" in shown and "turn:<id>" in shown and "session:<id>" in shown, args
         if args != ["--help"]:
-            assert "tooltap database for turn:, session: and mcp: sources" in shown, args
+            assert "for turn:, session: and mcp: sources" in shown, args
     assert "mcp:NAME@session:<id>" in run("--help").output
 
     db_url = f"sqlite:///{tmp_path / 'tooltap.db'}"

@@ -7,17 +7,19 @@ import sys
 
 import click
 
+from ..config import DEFAULT_DB
 from .common import count
 from .convert import PROFILES, TARGETS, UnsupportedTarget, convert_tools
 from .diff import diff_toolsets
 from .render import diff_markdown, diff_text, loss_lines, toolset_text
-from .sources import SourceError, ToolSet, default_db, load
+from .sources import SourceError, ToolSet, load
 from .spec import SchemaError
 from ..store.db import DatabaseUnavailable
 
-db_option = click.option("--db", "db_url", default=None, metavar="URL",
-                         help="tooltap database for turn:, session: and mcp: sources "
-                              "(default: $TOOLTAP_DB or sqlite:///tooltap.db)")
+db_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB,
+                         show_default=True, metavar="URL",
+                         help="The tooltap database the tool sets are read from (by list, and for "
+                              "turn:, session: and mcp: sources).")
 
 
 class SchemasError(click.ClickException):
@@ -67,7 +69,7 @@ def list_cmd(db_url: str | None, fmt: str) -> None:
     except ImportError as exc:
         raise SchemasError(f"the tooltap database layer is not available ({exc})") from exc
     try:
-        rows = tool_sets(db_url or default_db())
+        rows = tool_sets(db_url)
     except DatabaseUnavailable as exc:
         raise SchemasError(str(exc)) from exc
     if fmt == "json":

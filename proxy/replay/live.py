@@ -33,9 +33,9 @@ from urllib.parse import urlencode
 import httpx
 
 from .. import apis
-from ..secrets import redact_url
 from ..agents.base import CallInput, TurnInput
 from ..agents.session import decode_session
+from ..secrets import redact_url
 from ..sse import Event, SSEDecoder
 from .compare import Call, Rules, compare_calls
 from .recording import Recording, RecordedTurn, tool_key

@@ -251,3 +251,19 @@ def test_a_session_named_in_utf8_keeps_its_name_and_replays(tooltap, upstream):
     assert recording.session_id == name
     result = replay_recorded(recording, speed=0)
     assert result.ok, render_text(result)
+
+
+def test_a_request_without_a_body_and_one_stored_as_text_replay_identical(tooltap, upstream):
+    """A model list (GET, no body: stored as null) and a body with NaN in it (not JSON to
+    the store: kept as text) are matched as the bytes sent again read, not as stored."""
+    upstream.routes["/models"] = Reply.json({"object": "list", "data": [{"id": "m", "object": "model"}]})
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": []})
+    session = {"x-tooltap-session": "odd-bodies"}
+    assert httpx.get(f"{tooltap.url}/models", headers=session).status_code == 200
+    nan = b'{"model": "m", "temperature": NaN, "messages": [{"role": "user", "content": "hi"}]}'
+    assert httpx.post(f"{tooltap.url}/chat/completions", content=nan,
+                      headers={**session, "content-type": "application/json"}).status_code == 200
+    recording = recorded(tooltap)
+    assert [t.request for t in recording.turns][0] is None and isinstance(recording.turns[1].request, str)
+    result = replay_recorded(recording, speed=0)
+    assert result.ok and len(result.turns) == 2, render_text(result)

@@ -221,6 +221,16 @@ def parse_body(body: bytes) -> Any:
         return body.decode("utf-8", "replace")
 
 
+def as_received(recorded: Any) -> Any:
+    """A recorded body as `parse_body` reads the same bytes sent again: no body is "", and
+    a body stored as text (not JSON to the store: NaN, say) is parsed as it will be."""
+    if recorded is None:
+        return ""
+    if isinstance(recorded, str):
+        return parse_body(recorded.encode("utf-8", "surrogateescape"))
+    return recorded
+
+
 def canonical(value: Any) -> str:
     """One text per JSON value: keys sorted, 1.0 written as 1 (booleans stay booleans).
     Only ever compared with another canonical(): orjson writes it, 5-10x the stdlib."""
@@ -313,7 +323,7 @@ class CassetteUpstream:
         self.ignore = ignore if isinstance(ignore, IgnoreRules) else IgnoreRules(ignore)
         self.misses: list[Miss] = []
         self.served: list[int] = []  # the interaction answered, per matched request, in order
-        self._bodies = [self.ignore.apply(i.request) for i in self.interactions]
+        self._bodies = [self.ignore.apply(as_received(i.request)) for i in self.interactions]
         self._by_key: dict[tuple, list[int]] = {}
         for n, (i, body) in enumerate(zip(self.interactions, self._bodies)):
             self._by_key.setdefault(self._key(i.method, i.path, body), []).append(n)

@@ -345,6 +345,21 @@ def test_a_bad_url_is_one_line_and_exit_2(tooltap, upstream):
         assert len([ln for ln in result.output.splitlines() if ln.strip()]) == 1
 
 
+def test_to_on_a_session_it_cannot_translate_is_refused_before_anything_is_sent(tooltap, upstream):
+    upstream.routes["/v1/responses"] = Reply.json({"id": "resp_1", "object": "response", "status": "completed",
+                                                   "output": [], "model": "m"})
+    r = httpx.post(f"{tooltap.url}/v1/responses", json={"model": "m", "input": "hi"},
+                   headers={"x-tooltap-session": "resp"})
+    assert r.status_code == 200
+    tooltap.flush()
+    with serve({}) as target:
+        for to in ("anthropic", "openai"):
+            result = replay(tooltap, "resp", target.url, "--to", to)
+            assert result.exit_code == 2 and target.received == [], result.output
+            assert f"--to {to}: openai.responses requests cannot be translated" in result.output
+            assert len([ln for ln in result.output.splitlines() if ln.strip()]) == 1
+
+
 # -- translated: the Cline (OpenAI chat) session to Anthropic and to Gemini ------------------
 
 def test_translated_to_anthropic(tooltap, upstream):

@@ -40,7 +40,7 @@ from ..sse import Event, SSEDecoder
 from .compare import Call, Rules, compare_calls
 from .recording import Recording, RecordedTurn, tool_key
 from .result import Difference, ReplayResult, TurnVerdict
-from .translate import API_NAMES, TranslationError, translate
+from .translate import API_NAMES, READERS, TranslationError, translate
 
 
 class LiveError(Exception):
@@ -85,6 +85,12 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
                 headers: dict[str, str] | None = None) -> ReplayResult:
     """Send each recorded turn `repeat` times to `url` and compare its tool calls."""
     base, params = _base_url(url)
+    if to_api:  # refused before anything is sent, not turn after turn
+        untranslatable = sorted({t.api for t in recording.turns if apis.by_name(t.api) is not None
+                                 and t.api != API_NAMES[to_api] and t.api not in READERS})
+        if untranslatable:
+            raise LiveError(f"--to {to_api}: {', '.join(untranslatable)} requests cannot be translated (from "
+                            f"{', '.join(READERS)} only); replay this session without --to")
     target = Target(base, to_api, model, api_key, dict(headers or {}), params)
     rules = rules or Rules()
     shown = redact_url(f"{base}?{urlencode(params)}" if params else base)  # a ?key= is not kept

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2.filters import do_urlencode
 from markupsafe import Markup
 
 from proxy.store.read import MAX_ID, known_id
@@ -28,6 +29,9 @@ router = APIRouter()
 _env = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
                    autoescape=select_autoescape(default=True, default_for_string=True))
 templates = Jinja2Templates(env=_env)
+# Ids in links are quoted whole, `/` too: the routes take them back as paths, and a session
+# named `../../x` (a client's X-Tooltap-Session) must not lead its page's links out of it.
+_env.filters["urlencode"] = lambda v: quote(v, safe="") if isinstance(v, str) else do_urlencode(v)
 _env.filters["pretty"] = transcript.pretty
 _env.filters["clip"] = clip
 _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")

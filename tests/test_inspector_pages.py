@@ -638,6 +638,31 @@ def test_links_to_a_session_whose_name_holds_url_characters_lead_to_it(tooltap, 
         assert answer.status_code == 200 and f"<code>{name}</code>" in answer.text.replace("&#39;", "'"), (page, href)
 
 
+def test_links_of_a_session_named_with_dot_segments_stay_in_the_inspector(tooltap, upstream):
+    """A browser collapses `..` segments in a link's path: a session named `../../escape`
+    had its replay button post to /_tooltap/escape/replays and its tools link leave the
+    inspector (forwarded upstream, stored as a turn)."""
+    from urllib.parse import urljoin, urlsplit
+
+    name = "../../escape"
+    upstream.routes["/chat/completions"] = Reply.json({"id": "c", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]})
+    httpx.post(tooltap.url + "/chat/completions", headers={"x-tooltap-session": name},
+               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    tooltap.flush()
+    page_url = f"{tooltap.url}/_tooltap/sessions/..%2F..%2Fescape"
+    page = httpx.get(page_url)
+    assert page.status_code == 200 and f"<code>{name}</code>" in page.text
+    links = re.findall(r'(?:href|data-replay)="(/[^"]*)"', page.text)
+    assert any("/replays" in link for link in links) and any(link.endswith("/tools") for link in links)
+    for link in links:  # as a browser resolves them
+        path = urlsplit(urljoin(page_url, link.replace("&amp;", "&"))).path
+        assert path.startswith("/_tooltap/"), (link, path)
+        if "%2Fescape" in link and "/replays" not in link:
+            assert httpx.get(tooltap.url + link).status_code == 200, link
+    assert len(tooltap.api("/turns")["turns"]) == 1  # nothing forwarded by following them
+
+
 def test_a_session_named_like_a_subpage_is_its_own_page(tooltap, upstream):
     """'team/tools' and 'team/replays' are sessions a client may name: their links lead to
     them, not to the tools page or the runs of a session 'team'."""

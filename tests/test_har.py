@@ -228,3 +228,34 @@ def test_export_makes_the_folders_its_file_goes_in(cline, tmp_path):
     result = CliRunner().invoke(main, ["export", session_id, "--db", f"sqlite:///{db}",
                                        "--har", str(tmp_path / "notes" / "s.har")])
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "is not a folder" in result.output
+
+
+def test_a_gzip_request_body_is_exported_decoded_without_its_coding_and_imported_whole(tooltap, upstream, tmp_path):
+    """The HAR holds the body as text, decoded; a Content-Encoding left beside it made the
+    import gunzip the text (unparsable: no title, no model, no agent)."""
+    import gzip
+
+    import httpx
+
+    from proxy.scripted import Reply
+
+    upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "Done."}, "finish_reason": "stop"}]})
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "zipped hello"}]}).encode()
+    r = httpx.post(f"{tooltap.url}/chat/completions", content=gzip.compress(body), timeout=10,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 200
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]
+    path, fresh = tmp_path / "z.har", f"sqlite:///{tmp_path / 'z.db'}"
+    exported = CliRunner().invoke(main, ["export", session["id"], "--db", str(tooltap.db_path), "--har", str(path)])
+    assert exported.exit_code == 0, exported.output
+    (entry,) = json.loads(path.read_text(encoding="utf-8"))["log"]["entries"]
+    assert "content-encoding" not in {h["name"].lower() for h in entry["request"]["headers"]}
+    assert json.loads(entry["request"]["postData"]["text"]) == json.loads(body)
+    assert _run("import", str(path), "--db", fresh).startswith("imported 1 turn(s)")
+    reader = Reader(open_database(fresh, create=False))
+    (again,) = reader.sessions()
+    assert again["title"] == session["title"] == "zipped hello"
+    (turn,) = reader.session(again["id"])["turns"]
+    assert reader.turn(turn["id"])["request"] == json.loads(body) and not reader.turn(turn["id"])["error"]

@@ -92,6 +92,8 @@ def entry(reader: Reader, turn_id: int, started_at: float | None = None, uid: st
     body = _request_body(turn)
     if body is not None:
         text, size, body_encoding = body
+        if not body_encoding:  # the text is the body decoded: its coding no longer applies
+            request["headers"] = [h for h in request["headers"] if h["name"].lower() != "content-encoding"]
         request["postData"] = {"mimeType": _header(turn["request_headers"], "content-type") or "", "text": text}
         if body_encoding:
             request["postData"]["_encoding"] = body_encoding  # HAR has no field for a binary request body

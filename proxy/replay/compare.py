@@ -104,20 +104,39 @@ def _strict(expected: list[Call], actual: list[Call], rules: Rules) -> list[Mism
 
 
 def _matched(expected: list[Call], actual: list[Call], rules: Rules) -> list[Mismatch]:
-    """Pair each recorded call with a replayed one of the same tool: first one whose
-    arguments match, else the first of that tool still free (its differences reported)."""
-    free = list(range(len(actual)))
+    """Pair recorded calls with replayed calls of the same tool: first as many pairs whose
+    arguments match as can be made, whatever the order the calls came in (taking the first
+    that fits can leave a call unpaired that another pairing matches); then each recorded
+    call left with the free call of its tool that differs least, its differences reported."""
+    diffs = {(i, j): argument_mismatches(i, e, a, rules)
+             for i, e in enumerate(expected) for j, a in enumerate(actual) if a.tool == e.tool}
+    taken: dict[int, int] = {}  # replayed call -> the recorded call it matches
+
+    def pair(i: int, tried: set[int]) -> bool:  # an augmenting path (Kuhn's algorithm)
+        for j in range(len(actual)):
+            if j not in tried and (i, j) in diffs and not diffs[i, j]:
+                tried.add(j)
+                if j not in taken or pair(taken[j], tried):
+                    taken[j] = i
+                    return True
+        return False
+
+    for i in range(len(expected)):
+        pair(i, set())
+    matched = set(taken.values())
+    free = [j for j in range(len(actual)) if j not in taken]
     out: list[Mismatch] = []
     for i, e in enumerate(expected):
-        same_tool = [j for j in free if actual[j].tool == e.tool]
-        exact = next((j for j in same_tool if not argument_mismatches(i, e, actual[j], rules)), None)
-        j = exact if exact is not None else (same_tool[0] if same_tool else None)
-        if j is None:
+        if i in matched:
+            continue
+        same_tool = [j for j in free if (i, j) in diffs]
+        if not same_tool:
             if rules.order != "subset":
                 out.append(_missing(i, e))
             continue
+        j = min(same_tool, key=lambda j: len(diffs[i, j]))
         free.remove(j)
-        out += argument_mismatches(i, e, actual[j], rules)
+        out += diffs[i, j]
     if rules.order != "superset":
         out += [_extra(j, actual[j]) for j in free]
     return out

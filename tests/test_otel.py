@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from proxy.cli import main
 from proxy.otel import traces_url
-from proxy.otel.spans import trace_id, usage_attributes
+from proxy.otel.spans import StoredTurn, chat_span, trace_id, usage_attributes
 from proxy.scripted import Reply
 from tests.cline_db import recorded_cline_db
 from tests.conftest import cline_turn, free_port
@@ -231,3 +231,18 @@ def test_token_counts_follow_the_conventions():
             gemini["gen_ai.usage.reasoning.output_tokens"], gemini["gen_ai.usage.cache_read.input_tokens"]) == (20, 12, 9, 4)
     assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
     assert traces_url("http://collector:4318/v1/traces") == "http://collector:4318/v1/traces"
+
+
+def test_an_error_answer_names_no_response_model():
+    """A 429 is no model's answer: the span keeps the model asked and names none as the
+    one that responded (the conventions' gen_ai.response.model)."""
+    turn = StoredTurn(id=1, uid=None, session_id="s", parent_id=None, agent=None, api="openai.chat",
+                      upstream="https://api.openai.com/v1", path="/chat/completions", model="gpt-4o",
+                      status="upstream_error", http_status=429, error="rate limited", stream=False,
+                      started_at=1.0, ttft_ms=None, duration_ms=5.0, usage=None,
+                      response={"error": {"message": "rate limited"}}, params={"model": "gpt-4o"})
+    attrs = chat_span(turn).attributes
+    assert attrs["gen_ai.request.model"] == "gpt-4o" and attrs.get("gen_ai.response.model") is None
+    assert attrs["error.type"] == "429"
+    ok = chat_span(StoredTurn(**{**turn.__dict__, "status": "ok", "http_status": 200, "response": {}}))
+    assert ok.attributes["gen_ai.response.model"] == "gpt-4o"  # answered, naming no model: the one asked

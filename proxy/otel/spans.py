@@ -134,7 +134,9 @@ def chat_span(turn: StoredTurn, content: bool = False) -> SpanRecord:
         "gen_ai.operation.name": operation(turn.api),
         "gen_ai.provider.name": provider(turn.api, turn.upstream),
         "gen_ai.request.model": request_model,
-        "gen_ai.response.model": _response_model(turn.api, response) or turn.model,
+        # Named by the answer; else, for an answer that came, the model asked (an error
+        # names none: no model answered it).
+        "gen_ai.response.model": _response_model(turn.api, response) or (turn.model if turn.status == "ok" else None),
         "gen_ai.response.id": _response_id(turn.api, response),
         "gen_ai.response.finish_reasons": finish_reasons(turn.api, response) or None,
         "gen_ai.conversation.id": turn.session_id,

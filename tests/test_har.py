@@ -259,3 +259,28 @@ def test_a_gzip_request_body_is_exported_decoded_without_its_coding_and_imported
     assert again["title"] == session["title"] == "zipped hello"
     (turn,) = reader.session(again["id"])["turns"]
     assert reader.turn(turn["id"])["request"] == json.loads(body) and not reader.turn(turn["id"])["error"]
+
+
+def test_a_fingerprinted_query_key_stays_in_the_har_query(tooltap, upstream, tmp_path):
+    """`?key=` is stored as `…abcd#1f2e3d4c`: written raw into the URL, its `#` began a
+    fragment (which a HAR URL must not have) and cut the query short."""
+    import httpx
+
+    from proxy.scripted import Reply
+    from proxy.secrets import fingerprint
+
+    key = "AIzaSy" + "Q" * 33
+    upstream.routes["/v1beta/models/g:generateContent"] = Reply.json({"candidates": []})
+    r = httpx.post(f"{tooltap.url}/v1beta/models/g:generateContent?key={key}&alt=json", timeout=10,
+                   json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+    assert r.status_code == 200
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]["id"]
+    path = tmp_path / "g.har"
+    exported = CliRunner().invoke(main, ["export", session, "--db", str(tooltap.db_path), "--har", str(path)])
+    assert exported.exit_code == 0, exported.output
+    (entry,) = json.loads(path.read_text(encoding="utf-8"))["log"]["entries"]
+    url = entry["request"]["url"]
+    assert "#" not in url and key not in url
+    assert entry["request"]["queryString"] == [{"name": "key", "value": fingerprint(key)},
+                                               {"name": "alt", "value": "json"}]

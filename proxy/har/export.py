@@ -11,7 +11,7 @@ import base64
 import json
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from ..capture import decompress
 from ..store.read import Reader
@@ -82,7 +82,9 @@ def entry(reader: Reader, turn_id: int, started_at: float | None = None, uid: st
     timeline = reader.timeline(turn_id) or []
     ttft = turn["ttft_ms"] or 0.0
     duration = max(turn["duration_ms"] or ttft, ttft)
-    url = turn["upstream"].rstrip("/") + turn["path"]
+    path, sep, query = turn["path"].partition("?")
+    # A fingerprinted secret (`key=…abcd#1f2e3d4c`) is quoted: its `#` would start a fragment.
+    url = turn["upstream"].rstrip("/") + path + sep + quote(query, safe="=&;+%/:,@!$'()*~-._")
     request: dict[str, Any] = {
         "method": turn["method"], "url": url, "httpVersion": "HTTP/1.1", "cookies": [],
         "headers": _headers(turn["request_headers"]),

@@ -247,6 +247,33 @@ def test_database_unreachable_spools_and_a_later_run_stores_it(tmp_path):
         assert [m["kind"] for m in msgs if m["direction"] == direction] == ["request", "invalid"]
 
 
+def test_a_read_only_folder_spools_to_the_cache_and_a_later_run_stores_it(tmp_path):
+    """--db in a folder that cannot be written (a read-only mount; root ignores modes):
+    the spool beside it cannot be either, so the messages wait in the user's cache folder
+    for that database, where the next recorder finds them. (They were lost, the log
+    saying they were being spooled.)"""
+    ro, cache = tmp_path / "ro", tmp_path / "cache"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+    assert mounted.returncode == 0, f"this test mounts a read-only tmpfs (root needed): {mounted.stderr!r}"
+    try:
+        db = f"sqlite:///{ro / 'tooltap.db'}"
+        data = jsonrpc({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        d = Driven(wrapped(db, *CAT, name="echo"), env={"XDG_CACHE_HOME": str(cache)})
+        d.send(data)
+        assert d.finish() == 0 and bytes(d.out) == data
+        err = d.err.decode()
+        assert "LOST" not in err and "spooling to " + str(cache / "tooltap") in err, err
+        (folder,) = (cache / "tooltap").iterdir()
+        assert _spooled(folder) == 2
+        subprocess.run(["mount", "-o", "remount,rw", str(ro)], check=True)
+        assert Driven(wrapped(db, *CAT, name="drain"), env={"XDG_CACHE_HOME": str(cache)}).finish() == 0
+        assert not list(folder.iterdir())
+        assert [m["direction"] for m in recorded(db, "echo")] == ["to_server", "from_server"]  # (cat echoes)
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
 def _said_once(lines: list[str], problem: str, spool) -> None:
     """The wrapper's own stderr lines: the problem named on one of them, when a write
     first fails (or at the exit, when that is the first); at the exit, where the messages wait."""

@@ -29,7 +29,8 @@ class WrapperProblem(click.ClickException):
               help="Database URL, shared with `tooltap serve` (sqlite:///ABSOLUTE/PATH or postgresql+psycopg://...).")
 @click.option("--spool", "spool_dir", envvar="TOOLTAP_MCP_SPOOL", show_envvar=True, default=None, metavar="DIR",
               help="Folder where messages wait while the database is unavailable "
-                   "(default: beside the SQLite file, else ~/.cache/tooltap).")
+                   "(default: beside the SQLite file; where that cannot be written, and for Postgres, "
+                   "~/.cache/tooltap).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def mcp(name, db_url, spool_dir, command) -> None:
     """Run a stdio MCP server and record every message between it and the agent.

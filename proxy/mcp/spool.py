@@ -7,12 +7,16 @@ goes to a fresh file. A file whose process is gone (it exited while the database
 down) is adopted by the next recorder that starts. Every record is idempotent in the
 database (messages are unique by connection and sequence number), so a file read twice
 stores nothing twice.
+
+A folder that cannot be written (a read-only project folder beside the database) is given
+up for the user's cache folder for that database, which every recorder also looks in.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import threading
 import uuid
@@ -20,6 +24,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ..store.files import private
+
+log = logging.getLogger("tooltap.mcp")
 
 _BYTES = ("raw", "tools")
 
@@ -32,9 +38,14 @@ def default_dir(db_url: str) -> Path:
     path = sqlite_path(db_url)
     if path is not None:
         return path.parent / f"{path.name}.mcp-spool"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return fallback_dir(db_url)
+
+
+def fallback_dir(db_url: str) -> Path:
+    """The database's spool folder in the user's cache folder."""
     import hashlib
 
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "tooltap" / f"mcp-spool-{hashlib.sha256(db_url.encode()).hexdigest()[:12]}"
 
 
@@ -55,19 +66,32 @@ def decode(line: bytes) -> dict:
 
 
 class McpSpool:
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
+    def __init__(self, folder: str | Path, fallback: str | Path | None = None):
+        self.folders = [Path(folder)] + ([Path(fallback)] if fallback and Path(fallback) != Path(folder) else [])
+        self.folder = self.folders[0]  # where this process writes
         self.name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.path = self.folder / f"{self.name}.jsonl"
         self._lock = threading.Lock()
 
     def append(self, ops: list[dict]) -> None:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = "".join(encode(op) + "\n" for op in ops)
-        with self._lock, open(self.path, "a", encoding="ascii", opener=private) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with self._lock:
+            while True:
+                try:
+                    self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    with open(self.path, "a", encoding="ascii", opener=private) as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    return
+                except OSError as exc:
+                    at = self.folders.index(self.folder)
+                    if at + 1 == len(self.folders):
+                        raise
+                    self.folder = self.folders[at + 1]
+                    self.path = self.folder / f"{self.name}.jsonl"
+                    log.warning("cannot write the MCP spool in %s (%s); spooling to %s instead",
+                                self.folders[at], exc.strerror or exc, self.folder)
 
     def pending(self) -> bool:
         return self.path.exists() or any(self._mine_replaying())
@@ -81,13 +105,13 @@ class McpSpool:
                 target = self.folder / f"{self.name}.{uuid.uuid4().hex[:8]}.replaying"
                 os.replace(self.path, target)
                 taken.append(target)
-        if self.folder.is_dir():
-            for p in sorted(self.folder.iterdir(), key=_mtime):
+        for folder in (f for f in self.folders if f.is_dir()):
+            for p in sorted(folder.iterdir(), key=_mtime):
                 owner = p.name.split("-", 1)[0]
                 if p.name.startswith(self.name) or not owner.isdigit() or _alive(int(owner)):
                     continue
                 if p.suffix in (".jsonl", ".replaying"):
-                    target = self.folder / f"{self.name}.{uuid.uuid4().hex[:8]}.replaying"
+                    target = folder / f"{self.name}.{uuid.uuid4().hex[:8]}.replaying"
                     try:
                         os.replace(p, target)  # atomic: one adopter wins
                     except FileNotFoundError:
@@ -118,8 +142,8 @@ class McpSpool:
         path.unlink(missing_ok=True)
 
     def _mine_replaying(self) -> Iterator[Path]:
-        if self.folder.is_dir():
-            yield from (p for p in self.folder.glob(f"{self.name}.*.replaying"))
+        for folder in (f for f in self.folders if f.is_dir()):
+            yield from folder.glob(f"{self.name}.*.replaying")
 
 
 def _mtime(p: Path) -> float:

@@ -40,7 +40,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError, ProgrammingError
 from ..store import content
 from ..store.models import McpConnection, McpMessage, McpToolSet
 from .messages import FROM_SERVER, TO_SERVER, classify, elements, json_id
-from .spool import McpSpool, default_dir
+from .spool import McpSpool, default_dir, fallback_dir
 
 log = logging.getLogger("tooltap.mcp")
 
@@ -84,7 +84,7 @@ class Recorder:
     def __init__(self, db_url: str, spool_dir: str | Path | None = None, *, busy_timeout: float = 2.0):
         self.db_url = db_url
         self.busy_timeout = busy_timeout
-        self.spool = McpSpool(spool_dir or default_dir(db_url))
+        self.spool = McpSpool(spool_dir or default_dir(db_url), fallback=fallback_dir(db_url))
         self.written = 0  # messages stored (tests, health)
         self.spooled = 0
         self.problem: str | None = None  # the last reason the database was not used, as said
@@ -277,7 +277,9 @@ class Recorder:
             self.spool.append(ops)
             self.spooled += sum(op["op"] == "msg" for op in ops)
         except OSError as exc:  # not even the spool: lose the records, never the relay
-            log.error("cannot write the MCP spool %s: %s", self.spool.path, exc)
+            log.error("LOST %d MCP message(s): the spool cannot be written in %s (%s)",
+                      sum(op["op"] == "msg" for op in ops), " nor ".join(map(str, self.spool.folders)),
+                      exc.strerror or exc)
         if self._retry_after < time.monotonic():
             self._retry_after = time.monotonic() + RETRY_SECONDS
 

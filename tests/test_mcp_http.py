@@ -126,3 +126,33 @@ def test_bytes_and_headers_pass_as_sent(make_tooltap, upstream):
     assert msgs[2]["json"]["result"]["content"][0]["text"] == "☃ snow"
     assert len({m["connection"] for m in msgs}) == 1 and msgs[5]["is_error"] is True
     assert all("secret-token" not in tooltap.api(f"/mcp/messages/{m['id']}")["raw"] for m in msgs)
+
+
+def test_compressed_answers_pass_as_sent_and_are_recorded_decoded(make_tooltap, upstream):
+    """The SDKs ask for gzip; a server that compresses its JSON answers (or its event
+    stream) reaches the agent as sent, and the recorder reads the messages decoded (they
+    were stored as gzip bytes, 'not JSON')."""
+    import gzip
+
+    listed = b'{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"zipped","inputSchema":{"type":"object"}}]}}'
+    stream = b'data: {"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"unzipped"}]}}\n\n'
+    mcp = ScriptedUpstream({"/mcp": [
+        Reply(200, [("content-type", "application/json"), ("content-encoding", "gzip")], [gzip.compress(listed)]),
+        Reply(200, [("content-type", "text/event-stream"), ("content-encoding", "gzip")], [gzip.compress(stream)]),
+    ]})
+    with Server(mcp) as m:
+        tooltap = make_tooltap(upstream.url, mcp_servers=(McpUpstream("gz", f"{m.url}/mcp"),))
+        with httpx.Client(base_url=tooltap.url, timeout=10) as c:
+            first = c.post("/_mcp/gz", content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}',
+                           headers={"content-type": "application/json", "accept-encoding": "gzip"})
+            second = c.post("/_mcp/gz", headers={"content-type": "application/json", "accept-encoding": "gzip"},
+                            content=b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"zipped"}}')
+    assert first.headers["content-encoding"] == "gzip" and first.content == listed  # httpx decodes what came
+    assert second.content == stream
+    tooltap.app.mcp.recorder.flush()
+    msgs = tooltap.api("/mcp/messages?server=gz")["messages"][::-1]
+    assert [(m["direction"], m["kind"], m["method"]) for m in msgs] == [
+        ("to_server", "request", "tools/list"), ("from_server", "response", "tools/list"),
+        ("to_server", "request", "tools/call"), ("from_server", "response", "tools/call")]
+    assert msgs[1]["json"]["result"]["tools"][0]["name"] == "zipped"
+    assert msgs[3]["json"]["result"]["content"][0]["text"] == "unzipped"

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..asgi import read_body
+from ..capture import Decompressor, codings
 from ..forward import UpstreamAborted
 from ..secrets import redact_url
 from ..sse import SSEDecoder
@@ -161,15 +162,25 @@ class McpHttpProxy:
         ctype = response.headers.get("content-type", "").lower()
         sse = SSEDecoder() if "text/event-stream" in ctype else None
         whole: list[bytes] | None = [] if sse is None else None
+        # The agent gets the bytes as sent; the recorder reads them decoded (the SDKs ask for gzip).
+        coding = ", ".join(response.headers.getall("content-encoding", [])) or None
+        try:
+            decode = Decompressor(coding) if codings(coding) else None
+        except ValueError:  # a coding we cannot undo: recorded as sent, and flagged unreadable
+            decode = None
         try:
             async for chunk in response.content.iter_any():
+                try:
+                    plain = decode(chunk) if decode is not None else chunk
+                except Exception:  # not what it says it is: what follows is recorded as sent
+                    decode, plain = None, chunk
                 if sse is not None:  # recorded first, so what the agent answers is recorded after it
                     at = time.time()
-                    for event in sse.feed(chunk):
+                    for event in sse.feed(plain):
                         if event.data.strip():
                             self.recorder.record(conn, FROM_SERVER, event.data.encode(), at)
                 else:
-                    whole.append(chunk)
+                    whole.append(plain)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except _UPSTREAM_ERRORS as exc:
             raise UpstreamAborted(f"the MCP server dropped the stream: {exc}") from None  # so the agent's drops too

@@ -505,3 +505,17 @@ def test_help_names_the_environment_the_wrapper_honours(tmp_path):
     d = Driven(argv, env={"TOOLTAP_DB": db, "TOOLTAP_MCP_SPOOL": str(spool)})
     assert d.finish() == 0
     assert [m["method"] for m in recorded(db, "echo")] == ["ping", "ping"]  # the spool adopted into that database
+
+
+def test_a_name_made_from_the_command_holds_no_key():
+    """A server that never names itself is named from its command; a key written in it
+    is a fingerprint there too, as in the stored command."""
+    from proxy.mcp.cli import fallback_name
+    from proxy.secrets import fingerprint
+
+    token = "ghp_" + "abcdefghij" * 4
+    assert fallback_name(["bash", "-c", f"GITHUB_TOKEN={token} true"]) == f"GITHUB_TOKEN={fingerprint(token)} true"
+    assert fallback_name(["bash", "-c", "API_KEY=plain-value-1 node x.js"]).startswith(
+        f"API_KEY={fingerprint('plain-value-1')} node")
+    assert fallback_name(["sh", "-c", f"run --with {token}"]) == f"run --with {fingerprint(token)}"
+    assert fallback_name(["npx", "-y", "@modelcontextprotocol/server-everything"]) == "server-everything"

@@ -76,15 +76,24 @@ def _check_db(db_url: str) -> str:
 
 
 def fallback_name(argv: list[str]) -> str:
-    """A name for a server that does not say its own: its script or package, else its program."""
+    """A name for a server that does not say its own: its script or package, else its
+    program; a key in it (`bash -c 'TOKEN=... server'`) as a fingerprint, as in the command."""
     prog = os.path.basename(argv[0]) if argv else "mcp"
     base = prog.split(".")[0].rstrip("0123456789.")
     if base in _LAUNCHERS:
         for arg in argv[1:]:
             if not arg.startswith("-") and arg not in ("run", "exec", "x", "-m"):
                 stem = os.path.basename(arg.rstrip("/")).split("@")[0] or arg
-                return os.path.splitext(stem)[0][:200] or prog
-    return prog[:200]
+                return _hidden(os.path.splitext(stem)[0] or prog)[:200]
+    return _hidden(prog)[:200]
+
+
+def _hidden(name: str) -> str:
+    from ..secrets import fingerprint, is_secret_name, redact_keys
+
+    words = [f"{k}={fingerprint(v)}" if eq and v and is_secret_name(k) else redact_keys(w)
+             for w in name.split(" ") for k, eq, v in [w.partition("=")]]
+    return " ".join(words)
 
 
 def shown_command(argv: list[str]) -> str:

@@ -54,7 +54,7 @@ def message(request: Request, message_id: int):
     return found
 
 
-@router.get("/mcp/servers/{name}")
+@router.get("/mcp/servers/{name:path}")
 def server(request: Request, name: str, limit: int = Query(200, ge=1, le=2000)):
     from .mcp_pages import server_report
 

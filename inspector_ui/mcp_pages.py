@@ -112,7 +112,6 @@ def servers_page(request: Request):
     return templates.TemplateResponse(request, "mcp_servers.html", {"servers": found})
 
 
-@router.get("/mcp/{name}")
 def server_page(request: Request, name: str):
     from .pages import templates
 
@@ -196,3 +195,8 @@ def _pretty(value) -> str:
     from .transcript import pretty  # (transcript imports this module)
 
     return pretty(value)
+
+
+# Last: a server's name may hold `/` (the reference server calls itself
+# `example-servers/everything`), so its page takes the rest of the path.
+router.add_api_route("/mcp/{name:path}", server_page, methods=["GET"])

@@ -305,3 +305,27 @@ def test_mcp_addresses_that_name_nothing_are_error_pages_in_a_browser(make_toolt
     for what in ("turns", "mcp/messages"):
         r = httpx.get(f"{tooltap.url}/_tooltap/api/{what}", params={"before": huge}, timeout=10)
         assert (r.status_code, r.json()) == (400, {"detail": f"before={huge}: ids stop at 2^63-1"}), what
+
+
+def test_a_server_named_with_a_slash_has_its_page(make_tooltap, upstream, page):
+    """The reference server calls itself `example-servers/everything`: the servers page
+    links to its page, which shows it, and the JSON API answers for it (all were 404)."""
+    from proxy.mcp.store import Connection, Recorder, new_id
+
+    tooltap = make_tooltap(upstream.url)
+    recorder = Recorder(f"sqlite:///{tooltap.db_path}", tooltap.db_path.parent / "mcp-spool")
+    recorder.start()
+    conn = Connection(new_id(), "stdio", name="example-servers/everything")
+    _send(recorder, conn, {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": "echo", "arguments": {"message": "hi"}}}, time.time())
+    recorder.close()
+    page.goto(f"{tooltap.url}/_tooltap/mcp")
+    page.get_by_role("link", name="example-servers/everything").click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/_tooltap/mcp/example-servers%2Feverything")
+    assert "example-servers/everything" in page.locator("h1").inner_text()
+    assert page.locator("[data-testid=mcp-calls]").inner_text().count("echo") == 1
+    assert tooltap.api("/mcp/servers/example-servers%2Feverything")["name"] == "example-servers/everything"
+    with page.expect_response(lambda r: "/api/mcp/servers/" in r.url) as answer:
+        page.get_by_role("link", name="JSON", exact=True).click()
+    assert answer.value.status == 200

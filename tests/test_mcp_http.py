@@ -9,12 +9,13 @@ import time
 
 import anyio
 import httpx
+import pytest
 from click.testing import CliRunner
 
 from proxy.cli import main
 from proxy.mcp.http import McpUpstream
 from proxy.scripted import Reply, ScriptedUpstream
-from tests.conftest import Server
+from tests.conftest import Server, free_port
 from tests.mcp_support import TASK_PROGRESS, WASHINGTON
 from tests.mcp_weather_server import build
 
@@ -156,3 +157,24 @@ def test_compressed_answers_pass_as_sent_and_are_recorded_decoded(make_tooltap, 
         ("to_server", "request", "tools/call"), ("from_server", "response", "tools/call")]
     assert msgs[1]["json"]["result"]["tools"][0]["name"] == "zipped"
     assert msgs[3]["json"]["result"]["content"][0]["text"] == "unzipped"
+
+
+def test_a_server_that_is_down_is_named_to_the_agent(make_tooltap, upstream):
+    """The 502 answers a JSON-RPC request with a JSON-RPC error: the official client shows
+    its message (it said only "Server returned an error response" to tooltap's own)."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    tooltap = make_tooltap(upstream.url, mcp_servers=(McpUpstream("down", f"http://127.0.0.1:{free_port()}/mcp"),))
+
+    async def main():
+        async with streamable_http_client(f"{tooltap.url}/_mcp/down") as (r, w):
+            async with ClientSession(r, w) as session:
+                await session.initialize()
+
+    with pytest.raises(BaseException) as raised:
+        anyio.run(main)
+    assert "tooltap could not reach the MCP server" in repr(raised.value), repr(raised.value)
+    answer = httpx.post(f"{tooltap.url}/_mcp/down", content=b'{"jsonrpc":"2.0","id":9,"method":"ping"}')
+    assert answer.status_code == 502 and answer.json()["id"] == 9
+    assert answer.json()["error"]["message"].startswith("tooltap could not reach the MCP server")

@@ -14,6 +14,7 @@ Headers are not recorded: they carry the agent's credentials for the server.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -128,8 +129,7 @@ class McpHttpProxy:
                 conn = self._connection(server, asked_session)
                 if method == "POST" and body:
                     self.recorder.record(conn, TO_SERVER, body.strip(), at, note="the server could not be reached")
-                return await _send_json(send, 502, {"error": {"type": "tooltap_proxy_error",
-                                                              "message": f"tooltap could not reach the MCP server: {exc}"}})
+                return await _send_json(send, 502, _unreachable(body, f"tooltap could not reach the MCP server: {exc}"))
             session = response.headers.get(SESSION_HEADER) or asked_session
             conn = self._connection(server, session)
             if method == "POST" and body.strip():
@@ -191,6 +191,19 @@ class McpHttpProxy:
                 self.recorder.record(conn, FROM_SERVER, data)
             elif data and response.status >= 400:
                 self.recorder.record(conn, FROM_SERVER, data, note=f"HTTP {response.status}")
+
+
+def _unreachable(body: bytes, message: str) -> dict:
+    """The 502's body: to a JSON-RPC request, a JSON-RPC error with its id (what an MCP
+    client shows the user: it said only "Server returned an error response" otherwise)."""
+    try:
+        asked = json.loads(body)
+    except ValueError:
+        asked = None
+    if isinstance(asked, dict) and "id" in asked and "method" in asked:
+        return {"jsonrpc": "2.0", "id": asked["id"],
+                "error": {"code": -32000, "message": message, "data": {"type": "tooltap_proxy_error"}}}
+    return {"error": {"type": "tooltap_proxy_error", "message": message}}
 
 
 def _header(headers, name: bytes) -> str | None:

@@ -66,7 +66,7 @@ def _strip(headers: Headers, also: frozenset[bytes] = frozenset()) -> Headers:
     return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
-def _sendable(status: int, headers: Headers, upstream: Upstream, base: str) -> Headers:
+def sendable(status: int, headers: Headers, upstream: Upstream, base: str) -> Headers:
     """The upstream's headers as the client gets them (the turn stores them as sent)."""
     if status in (204, 304):
         # A 304's Content-Length is its representation's, with no body: the server would
@@ -89,7 +89,8 @@ def _through(location: bytes, upstream: Upstream, base: str) -> bytes:
         rest = loc[len(base):]
     else:
         return location
-    return (upstream.prefix + (rest if rest.startswith("/") else "/" + rest)).encode("latin-1")
+    there = upstream.prefix + rest  # `rest` is "", or starts with / or ? (_under)
+    return (there if there.startswith("/") else "/" + there).encode("latin-1")
 
 
 def _under(loc: str, root: str) -> bool:
@@ -222,7 +223,7 @@ class Forwarder:
             resp_headers = _strip(response.raw_headers)
             capture.response_started(response.status, _text(resp_headers), response.header("content-type") or "")
             await send({"type": "http.response.start", "status": response.status,
-                        "headers": _sendable(response.status, resp_headers, upstream, base) + _turn_header(capture)})
+                        "headers": sendable(response.status, resp_headers, upstream, base) + _turn_header(capture)})
             started = True
             status, error = await _pump(response, capture, send)
         except asyncio.CancelledError:

@@ -178,3 +178,18 @@ def test_a_server_that_is_down_is_named_to_the_agent(make_tooltap, upstream):
     answer = httpx.post(f"{tooltap.url}/_mcp/down", content=b'{"jsonrpc":"2.0","id":9,"method":"ping"}')
     assert answer.status_code == 502 and answer.json()["id"] == 9
     assert answer.json()["error"]["message"].startswith("tooltap could not reach the MCP server")
+
+
+def test_a_redirect_within_the_server_points_through_tooltap(make_tooltap, upstream):
+    """Followed as sent it left tooltap (unrecorded), and the official client refuses a
+    redirect to another host."""
+    mcp = ScriptedUpstream({"/mcp/": Reply(307, [("location", "PLACEHOLDER"), ("content-length", "0")], [])})
+    with Server(mcp) as m:
+        mcp.routes["/mcp/"] = Reply(307, [("location", f"{m.url}/mcp"), ("content-length", "0")], [])
+        mcp.routes["/elsewhere"] = Reply(307, [("location", "https://example.com/mcp"), ("content-length", "0")], [])
+        tooltap = make_tooltap(upstream.url, mcp_servers=(McpUpstream("adv", f"{m.url}/mcp"),))
+        r = httpx.post(f"{tooltap.url}/_mcp/adv/", content=b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+        assert r.status_code == 307 and r.headers["location"] == "/_mcp/adv"
+        tooltap2 = make_tooltap(upstream.url, mcp_servers=(McpUpstream("out", m.url),))
+        r = httpx.post(f"{tooltap2.url}/_mcp/out/elsewhere", content=b"{}")
+        assert r.headers["location"] == "https://example.com/mcp"  # not the server's: as sent

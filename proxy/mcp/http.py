@@ -24,7 +24,7 @@ import aiohttp
 
 from ..asgi import read_body
 from ..capture import Decompressor, codings
-from ..forward import UpstreamAborted
+from ..forward import UpstreamAborted, sendable
 from ..secrets import redact_url
 from ..sse import SSEDecoder
 from .messages import FROM_SERVER, TO_SERVER
@@ -134,8 +134,10 @@ class McpHttpProxy:
             conn = self._connection(server, session)
             if method == "POST" and body.strip():
                 self.recorder.record(conn, TO_SERVER, body.strip(), at)
+            # A redirect within the server points through tooltap, as the model API's do.
+            kept = [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP]
             await send({"type": "http.response.start", "status": response.status,
-                        "headers": [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP]})
+                        "headers": sendable(response.status, kept, server, urlsplit(server.url).path)})
             await self._pump(response, send, conn)
             if method == "DELETE" and response.status < 300:
                 self.recorder.ended(conn, None)

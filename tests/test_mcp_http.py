@@ -193,3 +193,29 @@ def test_a_redirect_within_the_server_points_through_tooltap(make_tooltap, upstr
         tooltap2 = make_tooltap(upstream.url, mcp_servers=(McpUpstream("out", m.url),))
         r = httpx.post(f"{tooltap2.url}/_mcp/out/elsewhere", content=b"{}")
         assert r.headers["location"] == "https://example.com/mcp"  # not the server's: as sent
+
+
+def test_what_the_server_never_answered_is_still_recorded(make_tooltap, upstream):
+    """A message to a server that is down is kept with the error tooltap answered in the
+    server's place; a call the agent gives up on while the server thinks is kept too."""
+    tooltap = make_tooltap(upstream.url, mcp_servers=(
+        McpUpstream("down", f"http://127.0.0.1:{free_port()}/mcp"), McpUpstream("slow", f"{upstream.url}/mcp")))
+    httpx.post(f"{tooltap.url}/_mcp/down", content=b'{"jsonrpc":"2.0","id":9,"method":"ping"}',
+               headers={"mcp-session-id": "s-down"})
+    upstream.routes["/mcp"] = Reply.json({"jsonrpc": "2.0", "id": 1, "result": {}}, wait=5)
+    for session in ("s-slow", None):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{tooltap.url}/_mcp/slow", timeout=0.5,
+                       headers={"mcp-session-id": session} if session else {},
+                       content=b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"think"}}')
+    deadline = time.monotonic() + 10
+    while True:
+        tooltap.app.mcp.recorder.flush()
+        got = tooltap.api("/mcp/messages")["messages"][::-1]
+        if len(got) >= 4 or time.monotonic() > deadline:
+            break
+    down = [m for m in got if m["server"] == "down"]
+    assert [(m["direction"], m["note"]) for m in down] == [
+        ("to_server", None), ("from_server", "tooltap's answer: the server could not be reached")]
+    slow = [(m["direction"], m["note"]) for m in got if m["server"] == "slow"]
+    assert slow == [("to_server", None), ("to_server", "the agent hung up before the server answered")]

@@ -115,10 +115,15 @@ class McpHttpProxy:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
         asked_session = _header(scope["headers"], SESSION_HEADER.encode())
         method = scope["method"]
+        posted = body.strip() if method == "POST" else b""
+        conn: Connection | None = None
+        if asked_session:  # recorded before the wait: a call the agent gives up on is kept, in its order
+            conn = self._connection(server, asked_session)
+            if posted:
+                self.recorder.record(conn, TO_SERVER, posted, at)
         task = asyncio.current_task()
         watcher = asyncio.create_task(_on_hang_up(receive, task))
         response = None
-        conn: Connection | None = None
         try:
             try:
                 response = await self.client.request(method, url, headers=headers, data=body or None,
@@ -126,14 +131,19 @@ class McpHttpProxy:
                                                       skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent",
                                                                          "Content-Type"))
             except _UPSTREAM_ERRORS as exc:
-                conn = self._connection(server, asked_session)
-                if method == "POST" and body:
-                    self.recorder.record(conn, TO_SERVER, body.strip(), at, note="the server could not be reached")
-                return await _send_json(send, 502, _unreachable(body, f"tooltap could not reach the MCP server: {exc}"))
+                answer = _unreachable(body, f"tooltap could not reach the MCP server: {exc}")
+                if posted:  # the agent's message, and the error it got in place of the server's answer
+                    if conn is None:
+                        conn = self._connection(server, None)
+                        self.recorder.record(conn, TO_SERVER, posted, at)
+                    self.recorder.record(conn, FROM_SERVER, json.dumps(answer).encode(),
+                                         note="tooltap's answer: the server could not be reached")
+                return await _send_json(send, 502, answer)
             session = response.headers.get(SESSION_HEADER) or asked_session
-            conn = self._connection(server, session)
-            if method == "POST" and body.strip():
-                self.recorder.record(conn, TO_SERVER, body.strip(), at)
+            if conn is None:
+                conn = self._connection(server, session)
+                if posted:
+                    self.recorder.record(conn, TO_SERVER, posted, at)
             # A redirect within the server points through tooltap, as the model API's do.
             kept = [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP]
             await send({"type": "http.response.start", "status": response.status,
@@ -144,6 +154,9 @@ class McpHttpProxy:
                 self._connections.pop((server.name, session or ""), None)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # the agent hung up: the upstream is closed below
+            if conn is None and posted:  # before the server's answer began: the message is still kept
+                self.recorder.record(self._connection(server, None), TO_SERVER, posted, at,
+                                     note="the agent hung up before the server answered")
         finally:
             watcher.cancel()
             if response is not None:
@@ -222,8 +235,6 @@ async def _on_hang_up(receive, task: asyncio.Task) -> None:
 
 
 async def _send_json(send, status: int, obj) -> None:
-    import json
-
     body = json.dumps(obj).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

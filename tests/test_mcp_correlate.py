@@ -111,6 +111,38 @@ def test_cline_weather_mcp_call_is_tied_to_its_turn(make_tooltap, upstream):
     assert out.exit_code == 2 and "mcp:weather@999: no tool set 999 of MCP server 'weather'" in out.output
 
 
+def test_two_agents_asking_for_the_same_call_at_once_each_get_their_own(make_tooltap, upstream):
+    """Two Cline windows play the same session side by side, each with its own MCP
+    server process: the two identical calls go one to each session, none is unasked."""
+    tooltap = make_tooltap(upstream.url)
+    turns = [cline_turn(n) for n in (1, 2, 3, 4)]
+    upstream.routes["/chat/completions"] = [Reply.sse(t["sse"], split=7) for t in turns[:3] for _ in "ab"] \
+        + [Reply.sse(FINAL_SSE)] * 2
+    arguments = json.loads(turns[2]["expected"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+
+    async def body(session):
+        return await session.call_tool("get_forecast", arguments)
+
+    with httpx.Client(base_url=tooltap.url, timeout=30) as client:
+        def post(t, window):
+            r = client.post("/chat/completions", content=t["request"],
+                            headers={"content-type": "application/json", "x-tooltap-session": window})
+            assert r.status_code == 200
+        for t in turns[:3]:
+            post(t, "window-a")
+            post(t, "window-b")
+        tooltap.flush()
+        for _ in "ab":
+            sdk_conversation(wrapped(f"sqlite:///{tooltap.db_path}", *WEATHER), body)
+        post(turns[3], "window-a")
+        post(turns[3], "window-b")
+    tooltap.flush()
+    reports = [tooltap.api(f"/mcp/sessions/{window}") for window in ("window-a", "window-b")]
+    claimed = [[link["message_id"] for link in r["links"]] for r in reports]
+    assert len(claimed[0]) == len(claimed[1]) == 1 and claimed[0] != claimed[1], claimed
+    assert [r["unasked"] for r in reports] == [[], []]
+
+
 def test_matching_rules():
     def llm(row_id, turn, tool, args, started, next_at, server="weather", call_id=None, result=None):
         return LlmCall(row_id, turn, 0, call_id, server, tool, args, result, started, started + 1, 1000.0,
@@ -141,6 +173,18 @@ def test_matching_rules():
     # Another server's tool of the same name is not it, when the call's server is a known one.
     other = [mcp(300, "get_forecast", {"latitude": 1}, 12.0, server="other")]
     assert correlate(calls[:1], other, {"weather", "other"})[0] == {}
+    # Two sessions, each with its own connection: a later call keeps to its session's one,
+    # though the other session's call of the same arguments came first.
+    a1, b1 = llm(10, 10, "t", {"n": 1}, 10.0, 20.0), llm(11, 11, "t", {"n": 2}, 10.0, 20.0)
+    a2, b2 = llm(12, 12, "t", {"n": 3}, 30.0, 40.0), llm(13, 13, "t", {"n": 3}, 30.0, 40.0)
+    a1.session = a2.session = "a"
+    b1.session = b2.session = "b"
+    on = [McpCall(20, "weather", "conn-a", "1", "t", {"n": 1}, None, 11.0),
+          McpCall(21, "weather", "conn-b", "1", "t", {"n": 2}, None, 11.0),
+          McpCall(22, "weather", "conn-b", "2", "t", {"n": 3}, None, 31.0),
+          McpCall(23, "weather", "conn-a", "2", "t", {"n": 3}, None, 31.5)]
+    found = correlate([a1, b1, a2, b2], on, {"weather"})[0]
+    assert {k: v.message_id for k, v in found.items()} == {10: 20, 11: 21, 12: 23, 13: 22}
 
 
 def test_result_comparison():

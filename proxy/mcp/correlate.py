@@ -14,6 +14,10 @@ call takes the first MCP call not yet taken that
   carries its result) started; with no next turn, within DISPATCH_SECONDS of the end of
   the turn's answer (nothing then says the agent ran the call at all: only that an agent
   runs a call the moment the answer ends).
+Among several such calls, one on a connection this session's calls already went through
+comes first: two agents side by side each have their own. And the other sessions' model
+calls of the same time are matched in the same pass, so two agents that ask for the same
+call at once do not both claim one MCP call and leave the other unasked.
 The result is the decoders' pairing: the text the next turn gave the model for that
 call, compared with what the server answered (same, truncated, changed).
 
@@ -28,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sqlmodel import Session as DB, select
+from sqlmodel import Session as DB, or_, select
 
 from ..store.models import McpConnection, McpMessage, ToolCallRow, Turn
 from ..store.read import iso
@@ -59,6 +63,7 @@ class LlmCall:
     model_ms: float | None
     next_turn_id: int | None
     next_turn_at: float | None
+    session: str = ""
 
 
 @dataclass
@@ -119,23 +124,30 @@ def correlate(llm: list[LlmCall], mcp: list[McpCall], known_servers: set[str]) -
                 found[c.row_id], how[c.row_id] = m, "meta"
                 taken.add(m.message_id)
                 break
+    used: dict[str, set[str]] = {}  # session -> the MCP connections its calls went through
+    for c in llm:
+        if c.row_id in found:
+            used.setdefault(c.session, set()).add(found[c.row_id].connection)
     for c in llm:
         if c.row_id in found or c.arguments is None:
             continue
-        want = without_added(c.arguments)
-        loose = c.server not in known_servers
-        for m in mcp:
-            if m.message_id in taken or m.tool != c.tool or (not loose and m.server != c.server):
-                continue
-            due = c.next_turn_at if c.next_turn_at is not None else c.turn_end + DISPATCH_SECONDS
-            if m.request_at < c.turn_started or m.request_at > due:
-                continue
-            if without_added(m.arguments) != want:
-                continue
-            found[c.row_id], how[c.row_id] = m, "arguments"
-            taken.add(m.message_id)
-            break
+        fits = [m for m in mcp if m.message_id not in taken and _fits(c, m, known_servers)]
+        if not fits:
+            continue
+        mine = used.setdefault(c.session, set())
+        m = next((m for m in fits if m.connection in mine), fits[0])
+        found[c.row_id], how[c.row_id] = m, "arguments"
+        taken.add(m.message_id)
+        mine.add(m.connection)
     return found, how
+
+
+def _fits(c: LlmCall, m: McpCall, known_servers: set[str]) -> bool:
+    """Could `m` be the run of model call `c`: the same tool and arguments, sent while due."""
+    if m.tool != c.tool or (c.server in known_servers and m.server != c.server):
+        return False
+    due = c.next_turn_at if c.next_turn_at is not None else c.turn_end + DISPATCH_SECONDS
+    return c.turn_started <= m.request_at <= due and without_added(m.arguments) == without_added(c.arguments)
 
 
 def link_json(c: LlmCall, m: McpCall, matched_by: str) -> dict:
@@ -204,12 +216,14 @@ def _for_turns(db: DB, turns: list[Turn], only_turn: int | None = None) -> Corre
     if not llm and not mcp:
         return empty
     known = {m.server for m in mcp} | _servers_alive(db, start, last_end)
-    found, how = correlate(llm, mcp, known)
+    mine = {t.id for t in turns}
+    others = [c for c in _llm_calls(db, _rival_turns(db, turns[0].session_id, mcp)) if c.turn_id not in mine]
+    found, how = correlate(sorted(llm + others, key=_in_time), mcp, known)
     links = {c.row_id: link_json(c, found[c.row_id], how[c.row_id]) for c in llm
              if c.row_id in found and (only_turn is None or c.turn_id == only_turn)}
     if only_turn is not None:
         return Correlation(links, [], [])
-    taken = {m.message_id for m in found.values()}
+    taken = {m.message_id for m in found.values()}  # another session's calls too: not unasked here
     unasked = [m for m in mcp if m.message_id not in taken and m.request_at <= last_end + UNASKED_AFTER]
     unreached = [{"tool_call": c.row_id, "turn_id": c.turn_id, "index": c.index, "server": c.server,
                   "tool": c.tool, "reason": _why_unreached(c)}
@@ -217,11 +231,36 @@ def _for_turns(db: DB, turns: list[Turn], only_turn: int | None = None) -> Corre
     return Correlation(links, unreached, unasked)
 
 
+def _rival_turns(db: DB, session_id: str, mcp: list[McpCall]) -> list[Turn]:
+    """The other sessions' turns that may have asked for one of these MCP calls (a tool
+    call whose name ends with the tool's: each agent's MCP naming does), and the turns
+    that carried their results."""
+    tools = {m.tool for m in mcp}
+    if not tools:
+        return []
+    named = or_(*(ToolCallRow.name.like(f"%{tool}") for tool in tools))  # '_' and '%' only widen it
+    asking = (select(ToolCallRow.turn_id).join(Turn, Turn.id == ToolCallRow.turn_id)
+              .where(Turn.session_id != session_id, named,
+                     Turn.started_at >= min(m.request_at for m in mcp) - SLACK_SECONDS,
+                     Turn.started_at <= max(m.request_at for m in mcp)))
+    asked = db.exec(select(Turn).where(Turn.id.in_(asking))).all()
+    if not asked:
+        return []
+    carried = db.exec(select(Turn).where(Turn.parent_id.in_([t.id for t in asked]))).all()
+    return list({t.id: t for t in [*asked, *carried]}.values())
+
+
+def _in_time(c: LlmCall) -> tuple:
+    return c.turn_started, c.turn_id, c.index
+
+
 def _end(t: Turn) -> float:
     return t.started_at + (t.duration_ms or 0.0) / 1000
 
 
 def _llm_calls(db: DB, turns: list[Turn]) -> list[LlmCall]:
+    if not turns:
+        return []
     by_id = {t.id: t for t in turns}
     children: dict[int, list[Turn]] = {}
     for t in turns:  # the turns that carry this one's results: more than one when the agent retried
@@ -239,9 +278,9 @@ def _llm_calls(db: DB, turns: list[Turn]) -> list[LlmCall]:
         t, sent, answered = by_id[r.turn_id], *_next_turns(children.get(r.turn_id, []))
         out.append(LlmCall(r.id, t.id, r.index, r.call_id, d.get("server") if mcp else None, tool, r.arguments,
                            r.result if isinstance(r.result, dict) else None, t.started_at, _end(t),
-                           t.duration_ms, answered.id if answered else None, sent.started_at if sent else None))
-    out.sort(key=lambda c: (c.turn_started, c.turn_id, c.index))
-    return out
+                           t.duration_ms, answered.id if answered else None, sent.started_at if sent else None,
+                           t.session_id))
+    return sorted(out, key=_in_time)
 
 
 def _next_turns(children: list[Turn]) -> tuple[Turn | None, Turn | None]:

@@ -123,6 +123,34 @@ def test_a_streaming_turn_appears_live_on_the_list_and_grows(tooltap, upstream, 
     assert page.locator("#sessions-total").inner_text() == "1"  # the header counts it too
 
 
+def test_bidirectional_controls_are_shown_not_obeyed(tooltap, upstream, page):
+    """A right-to-left override in model output would make what follows it read backwards
+    (a path, a command): the inspector shows each such control as a mark, live and stored."""
+    rlo = "\u202e"
+    args = json.dumps({"command": f"echo safe {rlo}fr- mr", "requires_approval": False})
+    upstream.routes["/chat/completions"] = Reply.sse(chat_sse("m", [
+        {"content": f"part{i} {rlo}"} for i in range(8)] + [{"tool_calls": [{
+            "index": 0, "id": "call_b", "type": "function",
+            "function": {"name": "execute_command", "arguments": args}}]}], finish="tool_calls"), delay=0.2)
+    page.goto(tooltap.url + "/_tooltap/")
+    wait_live(page)
+    sender = threading.Thread(target=send, args=(tooltap.url, {
+        "model": "m", "stream": True, "messages": [{"role": "user", "content": f"bidi {rlo}test"}]}))
+    sender.start()
+    live = page.locator("[data-testid=live-turn] .live-text", has_text="part2")
+    live.wait_for()
+    assert "⟨U+202E⟩" in live.inner_text() and rlo not in live.inner_text()
+    sender.join()
+    tooltap.flush()
+    sid = tooltap.api("/sessions")["sessions"][0]["id"]
+    for url in ["/_tooltap/", f"/_tooltap/sessions/{sid}", "/_tooltap/turns/1"]:
+        page.goto(tooltap.url + url)
+        text = page.locator("main").inner_text()
+        assert "⟨U+202E⟩" in text and rlo not in text, url
+    assert "echo safe ⟨U+202E⟩fr- mr" in text
+    assert tooltap.api("/turns/1")["tool_calls"][0]["arguments"]["command"] == f"echo safe {rlo}fr- mr"  # stored as sent
+
+
 def test_two_quick_turns_of_a_new_session_add_one_row_live(tooltap, upstream, page):
     """Both turns land in one writer batch: their two `turn_stored` events arrive together,
     each fetching the new session's row. One row, counted once."""

@@ -13,10 +13,18 @@
   const flying = new Map(); // live_id -> element
   const dot = document.getElementById("live-status");
 
+  // Bidirectional controls shown as marks, as the server-rendered pages show them: they
+  // could make streaming text read as something else.
+  const BIDI_CONTROLS = /[\u202a-\u202e\u2066-\u2069]/g;
+  function visible(text) {
+    return String(text).replace(BIDI_CONTROLS,
+      (c) => "\u27e8U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "\u27e9");
+  }
+
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
+    if (text !== undefined) e.textContent = visible(text);
     return e;
   }
 
@@ -81,7 +89,7 @@
     const box = flying.get(ev.live_id);
     if (!box) return;
     showModel(box, ev.model);
-    box._text.textContent = ev.text;
+    box._text.textContent = visible(ev.text);
     box._status.textContent = " · " + ev.bytes + " bytes";
   }
 

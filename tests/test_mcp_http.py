@@ -5,6 +5,7 @@ sent them; every message recorded under its session."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 
 import anyio
@@ -219,3 +220,9 @@ def test_what_the_server_never_answered_is_still_recorded(make_tooltap, upstream
         ("to_server", None), ("from_server", "tooltap's answer: the server could not be reached")]
     slow = [(m["direction"], m["note"]) for m in got if m["server"] == "slow"]
     assert slow == [("to_server", None), ("to_server", "the agent hung up before the server answered")]
+    # An exchange outside a session is a connection of its own, ended with it (so prune can take it).
+    with sqlite3.connect(tooltap.db_path) as db:
+        ended = dict(db.execute("SELECT c.id, c.ended_at IS NOT NULL FROM mcp_connections c JOIN mcp_messages m"
+                                " ON m.connection = c.id WHERE m.note LIKE 'the agent hung up%'").fetchall())
+        assert list(ended.values()) == [1]
+        assert db.execute("SELECT count(*) FROM mcp_connections WHERE ended_at IS NOT NULL").fetchone()[0] == 1

@@ -391,6 +391,28 @@ def test_keep_errors_keeps_an_mcp_call_whole(tooltap):
     assert calls() == [("b", "get_forecast", '{"latitude": 2}', False, "rain")]
 
 
+def test_connections_that_never_said_they_ended_go_once_empty(tmp_path):
+    """An HTTP session is rarely closed and a wrapper killed with its agent never ends its
+    run: once their messages are pruned, their rows go too; a run still in use stays."""
+    from proxy.mcp.store import Connection, Recorder
+
+    db, now = tmp_path / "t.db", time.time()
+    recorder = Recorder(f"sqlite:///{db}", tmp_path / "mcp-spool")
+    recorder.start()
+    quiet = Connection("quiet-http", "http", name="weather", started_at=now - 3 * DAY)
+    killed = Connection("killed-stdio", "stdio", name="weather", started_at=now - 3 * DAY)
+    busy = Connection("busy-stdio", "stdio", name="weather", started_at=now - 3 * DAY)
+    for conn in (quiet, killed, busy):
+        recorder.record(conn, "to_server", json.dumps(_call(1, "get_forecast", {"latitude": 1})).encode(),
+                        at=now - 3 * DAY)
+    recorder.record(busy, "to_server", json.dumps(_call(2, "get_forecast", {"latitude": 2})).encode(), at=now - 60)
+    recorder.close()
+    r = cli("prune", "--older-than", "1d", db=db)
+    assert r.returncode == 0, r.stderr
+    assert sql(db, "SELECT id FROM mcp_connections") == [("busy-stdio",)]
+    assert sql(db, "SELECT connection, seq FROM mcp_messages") == [("busy-stdio", 1)]
+
+
 def _mcp_rows(traffic: list[tuple[str, str, dict, float]]) -> list[dict]:
     """The rows the recorder would store for `traffic` (the server named already)."""
     import zlib

@@ -116,6 +116,7 @@ class McpHttpProxy:
         asked_session = _header(scope["headers"], SESSION_HEADER.encode())
         method = scope["method"]
         posted = body.strip() if method == "POST" else b""
+        session = asked_session
         conn: Connection | None = None
         if asked_session:  # recorded before the wait: a call the agent gives up on is kept, in its order
             conn = self._connection(server, asked_session)
@@ -155,12 +156,14 @@ class McpHttpProxy:
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # the agent hung up: the upstream is closed below
             if conn is None and posted:  # before the server's answer began: the message is still kept
-                self.recorder.record(self._connection(server, None), TO_SERVER, posted, at,
-                                     note="the agent hung up before the server answered")
+                conn = self._connection(server, None)
+                self.recorder.record(conn, TO_SERVER, posted, at, note="the agent hung up before the server answered")
         finally:
             watcher.cancel()
             if response is not None:
                 response.close()
+            if conn is not None and not session and posted:  # an exchange on its own ends with it
+                self.recorder.ended(conn, None)
 
     def _connection(self, server: McpUpstream, session: str | None) -> Connection:
         if not session:  # a server without sessions: each exchange on its own

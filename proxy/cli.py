@@ -414,7 +414,10 @@ def _vacuum_note(how: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @db_option
 def stats(days, as_json, db_url) -> None:
-    """Turns, sessions, database size and growth per day (UTC)."""
+    """What the store holds and how fast it grows, per day.
+
+    Turns, sessions, blobs, MCP messages and the database's size; then, per UTC day,
+    turns, turns not ok, bytes on the wire and stored, and MCP messages."""
     import json
 
     from rich.console import Console
@@ -432,14 +435,17 @@ def stats(days, as_json, db_url) -> None:
     console = Console()
     console.print(f"turns {s.turns} ({s.errors} not ok), sessions {s.sessions}, blobs {s.blobs} "
                   f"({_mb(s.blob_bytes)}), database {_mb(s.database_bytes)}", highlight=False)
+    console.print(f"MCP messages {s.mcp_messages} ({_mb(s.mcp_bytes)} as sent), servers {s.mcp_servers}, "
+                  f"connections {s.mcp_connections}", highlight=False)
     for label, at, none in (("first turn", s.first_at, "-"), ("last turn ", s.last_at, "-"),
                             ("pruned    ", s.pruned_at, "never")):
         console.print(f"{label} {shown_time(at) + ' UTC' if at else none}", highlight=False)
     table = Table(title=f"growth, last {days} days (UTC)")
-    for name in ("day", "turns", "not ok", "wire MB", "stored MB"):
+    for name in ("day", "turns", "not ok", "wire MB", "stored MB", "MCP messages"):
         table.add_column(name, justify="left" if name == "day" else "right")
     for d in s.days:
-        table.add_row(d.day, str(d.turns), str(d.errors), f"{d.wire_bytes / 1e6:.1f}", f"{d.stored_bytes / 1e6:.1f}")
+        table.add_row(d.day, str(d.turns), str(d.errors), f"{d.wire_bytes / 1e6:.1f}", f"{d.stored_bytes / 1e6:.1f}",
+                      str(d.mcp_messages))
     console.print(table)
 
 

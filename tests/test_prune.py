@@ -199,8 +199,24 @@ def test_stats_counts_and_growth_per_day(tooltap, upstream):
     assert s["database_bytes"] == sql(db, "PRAGMA page_count")[0][0] * sql(db, "PRAGMA page_size")[0][0]
     api = httpx.get(f"{tooltap.url}/_tooltap/api/stats?days=5").json()
     assert api["turns"] == 5 and [d["turns"] for d in api["days"]] == [0, 2, 0, 1, 2]
+    assert (api["mcp_messages"], api["mcp_servers"]) == (0, 0)
+
+    from proxy.mcp.store import Connection, Recorder  # MCP traffic counts too: two messages two days ago
+
+    recorder = Recorder(f"sqlite:///{db}", db.parent / "mcp-spool")
+    recorder.start()
+    run = Connection("run-stats", "stdio", name="weather", started_at=time.time() - 2 * DAY)
+    sent = [json.dumps(_call(1, "get_forecast", {"latitude": 1})).encode(), json.dumps(_answer(1, "sunny")).encode()]
+    for direction, raw in zip(("to_server", "from_server"), sent):
+        recorder.record(run, direction, raw, at=time.time() - 2 * DAY)
+    recorder.close()
+    s = json.loads(cli("stats", "--json", "--days", "5", db=db).stdout)
+    assert (s["mcp_messages"], s["mcp_bytes"], s["mcp_servers"], s["mcp_connections"]) == (
+        2, sum(map(len, sent)), 1, 1)
+    assert [d["mcp_messages"] for d in s["days"]] == [0, 0, 2, 0, 0]
     table = cli("stats", db=db)
     assert table.returncode == 0 and "turns 5" in table.stdout and "growth" in table.stdout
+    assert "MCP messages 2 (0.0 MB as sent), servers 1, connections 1" in table.stdout
     assert re.search(r"^last turn  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC$", table.stdout, re.M), table.stdout
 
 

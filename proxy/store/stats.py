@@ -25,6 +25,7 @@ class Day:
     errors: int = 0  # status other than ok
     wire_bytes: int = 0  # request and response bodies as they crossed
     stored_bytes: int = 0  # the turns' own compressed columns
+    mcp_messages: int = 0
 
 
 @dataclass
@@ -38,6 +39,10 @@ class Stats:
     first_at: str | None
     last_at: str | None
     pruned_at: str | None
+    mcp_messages: int = 0
+    mcp_bytes: int = 0  # as they crossed (stored compressed)
+    mcp_servers: int = 0
+    mcp_connections: int = 0
     days: list[Day] = field(default_factory=list)  # oldest first, today last
 
     def to_json(self) -> dict:
@@ -64,8 +69,8 @@ def store_stats(engine: Engine, days: int = 7, now: float | None = None) -> Stat
     now = time.time() if now is None else now
     today = int(now // DAY)
     since = (today - days + 1) * DAY
-    day_of = "CAST(started_at / 86400 AS INTEGER)" if engine.dialect.name == "sqlite" \
-        else "CAST(floor(started_at / 86400) AS BIGINT)"
+    day_of = ("CAST({} / 86400 AS INTEGER)" if engine.dialect.name == "sqlite"
+              else "CAST(floor({} / 86400) AS BIGINT)").format
     with engine.connect() as conn:
         turns, errors, first, last = conn.execute(text(
             "SELECT count(*), coalesce(sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END), 0),"
@@ -74,15 +79,23 @@ def store_stats(engine: Engine, days: int = 7, now: float | None = None) -> Stat
         blobs, blob_bytes = conn.execute(text("SELECT count(*), coalesce(sum(length(data)), 0) FROM blobs")).one()
         pruned = conn.execute(text("SELECT pruned_at FROM store_epoch WHERE id = 1")).scalar()
         rows = conn.execute(text(
-            f"SELECT {day_of} AS d, count(*), coalesce(sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END), 0),"
+            f"SELECT {day_of('started_at')} AS d, count(*),"
+            " coalesce(sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END), 0),"
             f" coalesce(sum(request_size + raw_size), 0), coalesce(sum({TURN_BYTES}), 0)"
             " FROM turns WHERE started_at >= :since GROUP BY d"), {"since": since}).all()
+        mcp, mcp_bytes, servers = conn.execute(text(
+            "SELECT count(*), coalesce(sum(size), 0), count(DISTINCT server) FROM mcp_messages")).one()
+        mcp_conns = conn.execute(text("SELECT count(*) FROM mcp_connections")).scalar()
+        mcp_days = dict(conn.execute(text(
+            f"SELECT {day_of('at')} AS d, count(*) FROM mcp_messages WHERE at >= :since GROUP BY d"),
+            {"since": since}).all())
     by_day = {int(d): (n, e, w, s) for d, n, e, w, s in rows}
     out = []
     for d in range(today - days + 1, today + 1):
         n, e, w, s = by_day.get(d, (0, 0, 0, 0))
         label = datetime.fromtimestamp(d * DAY, timezone.utc).strftime("%Y-%m-%d")
-        out.append(Day(label, int(n), int(e), int(w), int(s)))
+        out.append(Day(label, int(n), int(e), int(w), int(s), int(mcp_days.get(d, 0))))
     return Stats(turns=turns, errors=int(errors), sessions=sessions, blobs=blobs, blob_bytes=int(blob_bytes),
                  database_bytes=database_size(engine), first_at=iso(first), last_at=iso(last),
-                 pruned_at=iso(pruned), days=out)
+                 pruned_at=iso(pruned), mcp_messages=mcp, mcp_bytes=int(mcp_bytes), mcp_servers=servers,
+                 mcp_connections=mcp_conns, days=out)

@@ -381,6 +381,8 @@ def test_keep_errors_keeps_an_mcp_call_whole(tooltap):
     recorder.ended(runs["a"], 0)
     recorder.close()
     assert sql(db, "SELECT count(*) FROM mcp_messages")[0][0] == 14
+    (server,) = tooltap.api("/mcp/servers")["servers"]
+    assert server["calls"] == 6  # the two in the batch counted
 
     def calls() -> list[tuple]:
         report = tooltap.api("/mcp/servers/weather")

@@ -24,7 +24,12 @@ def servers(db: DB) -> list[dict]:
                func.count().filter(McpMessage.is_error), func.max(McpMessage.at))
         .group_by(McpMessage.server).order_by(McpMessage.server)).all()
     conns = dict(db.exec(select(McpConnection.server, func.count()).group_by(McpConnection.server)).all())
-    return [{"name": name, "messages": n, "calls": n_calls, "errors": errors,
+    batched: dict[str, int] = {}  # the calls inside batches (MCP before 2025-06-18): read from their bodies
+    for name, raw in db.exec(select(McpMessage.server, McpMessage.raw).where(
+            McpMessage.kind == "batch", McpMessage.direction == "to_server")).all():
+        batched[name] = batched.get(name, 0) + sum(
+            1 for msg in elements(classify(zlib.decompress(raw)).json) if msg.get("method") == "tools/call")
+    return [{"name": name, "messages": n, "calls": n_calls + batched.get(name, 0), "errors": errors,
              "connections": conns.get(name, 0), "last_at": iso(last)}
             for name, n, n_calls, errors, last in rows]
 

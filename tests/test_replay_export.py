@@ -348,3 +348,24 @@ def test_a_compressed_recording_is_served_decoded(tooltap, upstream):
         assert r.content == body and "content-encoding" not in r.headers
         answer = served.send(0)
         assert answer.response["choices"][0]["message"]["content"] == "zip" and answer.calls == []
+
+
+def test_arguments_the_store_could_not_hold_are_expected_as_sent(tooltap, upstream, tmp_path):
+    """A lone surrogate or NaN in a model's arguments is flagged and not stored as JSON; the
+    exported test still expects the value the arguments' text parses to, as a replay gets."""
+    texts = ['{"path": "a\\ud800b", "n": 1}', '{"ratio": NaN}']
+    upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": text}}
+            for i, text in enumerate(texts)]}}]})
+    r = httpx.post(f"{tooltap.url}/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    session, result = export(tooltap, tmp_path)
+    assert result.exit_code == 0, result.output
+    stored = tooltap.api(f"/turns/{tooltap.api(f'/sessions/{session}')['turns'][0]['id']}")["tool_calls"]
+    assert [c["arguments"] for c in stored] == [None, None]  # flagged, kept raw
+    source = next(tmp_path.glob("test_*.py")).read_text()
+    assert "'a\\ud800b'" in source and 'float("nan")' in source
+    r = run_pytest(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr

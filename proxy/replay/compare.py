@@ -198,7 +198,7 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
+        return a == b or (a != a and b != b)  # NaN, which a model can write, is the same as itself
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):

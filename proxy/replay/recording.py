@@ -5,6 +5,7 @@ Reading the store happens here, once; everything downstream works on `Recording`
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -29,10 +30,17 @@ class RecordedCall:
 
     @classmethod
     def from_api(cls, c: dict) -> "RecordedCall":
+        raw, arguments = c.get("arguments_raw") or "", c.get("arguments")
+        if arguments is None and raw.strip():
+            # What the store could not hold (a lone surrogate, NaN) is parsed again from the
+            # text, as the assemblers parse it: else a replay of the same bytes would differ.
+            try:
+                arguments = json.loads(raw)
+            except ValueError:
+                pass
         return cls(index=c.get("index", 0), id=c.get("id"), name=c.get("name") or "",
-                   decoded=c.get("decoded"), arguments=c.get("arguments"),
-                   arguments_raw=c.get("arguments_raw") or "", task_progress=c.get("task_progress"),
-                   result=c.get("result"), violations=c.get("violations") or [])
+                   decoded=c.get("decoded"), arguments=arguments, arguments_raw=raw,
+                   task_progress=c.get("task_progress"), result=c.get("result"), violations=c.get("violations") or [])
 
     @property
     def tool(self) -> str:

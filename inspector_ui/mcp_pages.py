@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import statistics
+import zlib
 
 from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
 from sqlmodel import Session as DB, select
 
 from proxy.mcp import read
 from proxy.mcp.correlate import SLACK_SECONDS, for_session, links_for_turn
 from proxy.mcp.messages import elements, json_id
-from proxy.store.models import Session
+from proxy.store.models import McpMessage, Session
 from proxy.store.read import MAX_ID
 
 from .longtext import whole
@@ -127,8 +129,16 @@ def server_page(request: Request, name: str):
 
 @router.get("/mcp/messages/{message_id}/raw")
 def message_raw(request: Request, message_id: int):
-    """A recorded message as it crossed the wire (the messages table shows its start)."""
-    return whole(_message(request, message_id)["raw"], f"tooltap-mcp-message-{message_id}.txt")
+    """A recorded message as it crossed the wire (the messages table shows its start): its
+    very bytes, which need not be UTF-8 (then served as bytes, for the browser to save)."""
+    body = zlib.decompress(_row(request, message_id).raw)
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return Response(body, media_type="application/octet-stream",
+                        headers={"content-disposition": f'attachment; filename="tooltap-mcp-message-{message_id}.bin"'})
+    return Response(body, media_type="text/plain; charset=utf-8",
+                    headers={"content-disposition": f'inline; filename="tooltap-mcp-message-{message_id}.txt"'})
 
 
 @router.get("/mcp/messages/{message_id}/arguments")
@@ -150,14 +160,18 @@ def call_result(request: Request, message_id: int, id: str | None = None):
     return whole(text, f"tooltap-mcp-message-{message_id}-result.txt")
 
 
-def _message(request: Request, message_id: int) -> dict:
+def _row(request: Request, message_id: int) -> McpMessage:
     found = None
     if 0 < message_id <= MAX_ID:  # beyond it the database cannot even be asked
         with DB(request.app.state.reader.engine) as db:
-            found = read.message(db, message_id)
+            found = db.get(McpMessage, message_id)
     if found is None:
         raise HTTPException(404, f"no MCP message {message_id}")
     return found
+
+
+def _message(request: Request, message_id: int) -> dict:
+    return read.message_json(_row(request, message_id))
 
 
 def _is_call(msg: dict) -> bool:

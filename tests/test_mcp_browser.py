@@ -208,6 +208,23 @@ def _send(recorder, conn, message: dict, at: float, direction: str = "to_server"
     recorder.record(conn, direction, json.dumps(message).encode(), at=at)
 
 
+def test_a_message_s_raw_text_is_its_very_bytes(make_tooltap, upstream):
+    """What crossed the wire, byte for byte: UTF-8 shown as text, anything else saved as
+    bytes (it was decoded with U+FFFD in place of what it held)."""
+    tooltap = make_tooltap(upstream.url)
+    recorder, conn = _weather_recorder(tooltap)
+    sent = [b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read","arguments":{"p":"caf\xe9"}}}',
+            '{"jsonrpc":"2.0","id":2,"method":"ping","params":{"p":"café"}}'.encode()]
+    for raw in sent:
+        recorder.record(conn, "to_server", raw, at=time.time())
+    recorder.close()
+    ids = sorted(m["id"] for m in tooltap.api("/mcp/messages")["messages"])
+    bad, good = (httpx.get(f"{tooltap.url}/_tooltap/mcp/messages/{i}/raw", timeout=10) for i in ids)
+    assert bad.content == sent[0] and bad.headers["content-type"] == "application/octet-stream"
+    assert bad.headers["content-disposition"].startswith("attachment")
+    assert good.content == sent[1] and good.headers["content-type"] == "text/plain; charset=utf-8"
+
+
 def test_a_call_matched_by_arguments_must_be_due(make_tooltap, upstream, page):
     """The tester's case: an agent's own get_forecast (one turn, no turn after it) was drawn
     as an MCP call because another client sent the same tools/call 26 s later. With no next

@@ -246,3 +246,44 @@ def test_an_error_answer_names_no_response_model():
     assert attrs["error.type"] == "429"
     ok = chat_span(StoredTurn(**{**turn.__dict__, "status": "ok", "http_status": 200, "response": {}}))
     assert ok.attributes["gen_ai.response.model"] == "gpt-4o"  # answered, naming no model: the one asked
+
+
+def test_images_audio_and_files_are_media_parts():
+    """Each API's media blocks become the conventions' blob, uri and file parts; when the
+    messages outgrow the attribute, the blobs' bytes are left out first and it stays JSON."""
+    from proxy.otel import spans
+    from proxy.otel.messages import input_messages
+
+    png = {"type": "blob", "modality": "image", "mime_type": "image/png", "content": "iVBORw0KGgo="}
+    chat = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "mp3"}},
+        {"type": "file", "file": {"file_id": "file-abc"}}]}]}
+    assert input_messages("openai.chat", chat)[1][0]["parts"][1:] == [
+        png, {"type": "uri", "modality": "image", "mime_type": None, "uri": "https://example.com/cat.jpg"},
+        {"type": "blob", "modality": "audio", "mime_type": "audio/mp3", "content": "UklGRg=="},
+        {"type": "file", "modality": "document", "mime_type": None, "file_id": "file-abc"}]
+    anthropic = {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}}]}]}
+    assert input_messages("anthropic.messages", anthropic)[1][0]["parts"] == [
+        png, {"type": "uri", "modality": "document", "mime_type": None, "uri": "https://example.com/a.pdf"}]
+    gemini = {"contents": [{"role": "user", "parts": [
+        {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}},
+        {"fileData": {"mimeType": "video/mp4", "fileUri": "gs://b/v.mp4"}}]}]}
+    assert input_messages("gemini", gemini)[1][0]["parts"] == [
+        png, {"type": "uri", "modality": "video", "mime_type": "video/mp4", "uri": "gs://b/v.mp4"}]
+    responses = {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "and this?"}, {"type": "input_image", "file_id": "file-img"}]}]}
+    assert input_messages("openai.responses", responses)[1][0]["parts"] == [
+        {"type": "text", "content": "and this?"},
+        {"type": "file", "modality": "image", "mime_type": None, "file_id": "file-img"}]
+
+    big = [{"role": "user", "parts": [{"type": "text", "content": "look"},
+                                      {**png, "content": "A" * (spans.CONTENT_MAX + 10)}]}]
+    shown = json.loads(spans._json(big))
+    assert shown[0]["parts"][0] == {"type": "text", "content": "look"}
+    assert shown[0]["parts"][1]["content"] == ""
+    assert shown[0]["parts"][1]["tooltap.content_omitted_chars"] == spans.CONTENT_MAX + 10

@@ -2,8 +2,10 @@
 
 The conventions define one shape for every provider: a message is `{role, parts}` and a
 part is `{type: "text", content}`, `{type: "tool_call", id, name, arguments}`,
-`{type: "tool_call_response", id, response}` or `{type: "reasoning", content}`; output
-messages add `finish_reason`. Each wire API writes these its own way; this module reads
+`{type: "tool_call_response", id, response}`, `{type: "reasoning", content}`, or media:
+`{type: "blob", modality, mime_type, content}` (base64, as sent), `{type: "uri", modality,
+mime_type, uri}` or `{type: "file", modality, mime_type, file_id}`; output messages add
+`finish_reason`. Each wire API writes these its own way; this module reads
 the four tooltap knows. What it does not recognise is left out, not guessed.
 """
 
@@ -89,6 +91,8 @@ def _anthropic(m: dict) -> Message:
         kind = block.get("type")
         if kind == "text":
             parts.append({"type": "text", "content": block.get("text") or ""})
+        elif kind in ("image", "document"):
+            parts.extend(_media_of(block))
         elif kind == "thinking":
             parts.append({"type": "reasoning", "content": block.get("thinking") or ""})
         elif kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
@@ -118,6 +122,8 @@ def _gemini_parts(parts: Any) -> list[Part]:
         elif isinstance(p.get("functionResponse"), dict):
             answer = p["functionResponse"]
             out.append({"type": "tool_call_response", "id": answer.get("id"), "response": answer.get("response")})
+        else:
+            out.extend(_media_of(p))
     return out
 
 
@@ -143,10 +149,58 @@ def _responses_items(items: Any) -> list[Message]:
 
 
 def _parts_of(content: Any) -> list[Part]:
-    """Text content written as a string or as a list of typed blocks."""
+    """Content written as a string or as a list of typed blocks: text and media."""
     if isinstance(content, str):
         return [{"type": "text", "content": content}] if content else []
-    return [{"type": "text", "content": b["text"]} for b in _dicts(content) if isinstance(b.get("text"), str)]
+    parts: list[Part] = []
+    for b in _dicts(content):
+        parts.extend([{"type": "text", "content": b["text"]}] if isinstance(b.get("text"), str) else _media_of(b))
+    return parts
+
+
+_MODALITY_OF_BLOCK = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio"}
+
+
+def _media_of(block: dict) -> list[Part]:
+    """An image, audio clip or file as each API writes it, as one media part (or none)."""
+    kind = block.get("type")
+    url = mime = data = file_id = None
+    if kind == "image_url":  # OpenAI chat: {"image_url": {"url": URL or data URL}}
+        inner = block.get("image_url")
+        url = inner.get("url") if isinstance(inner, dict) else inner
+    elif kind == "input_image":  # Responses
+        url, file_id = block.get("image_url"), block.get("file_id")
+    elif kind == "input_audio":
+        audio = block.get("input_audio") if isinstance(block.get("input_audio"), dict) else {}
+        data, mime = audio.get("data"), f"audio/{audio.get('format') or 'wav'}"
+    elif kind in ("file", "input_file"):  # chat's {"file": {...}}, Responses' flat fields
+        inner = block.get("file") if isinstance(block.get("file"), dict) else block
+        url, file_id = inner.get("file_data") or inner.get("file_url"), inner.get("file_id")
+    elif kind in ("image", "document"):  # Anthropic: {"source": {"type": "base64" | "url" | "file", ...}}
+        source = block.get("source") if isinstance(block.get("source"), dict) else {}
+        mime, url, file_id = source.get("media_type"), source.get("url"), source.get("file_id")
+        data = source.get("data") if source.get("type") == "base64" else None
+    else:  # Gemini: {"inlineData": {mimeType, data}} or {"fileData": {mimeType, fileUri}}
+        inline = block.get("inlineData") or block.get("inline_data")
+        linked = block.get("fileData") or block.get("file_data")
+        if isinstance(inline, dict):
+            mime, data = inline.get("mimeType") or inline.get("mime_type"), inline.get("data")
+        elif isinstance(linked, dict):
+            mime, url = linked.get("mimeType") or linked.get("mime_type"), linked.get("fileUri") or linked.get("file_uri")
+        else:
+            return []
+    if isinstance(url, str) and url.startswith("data:") and ";base64," in url[:200]:
+        head, _, data = url.partition(",")
+        mime, url = head[5:].split(";")[0] or mime, None
+    major = (mime or "").split("/")[0]
+    modality = major if major in ("image", "audio", "video") else _MODALITY_OF_BLOCK.get(kind, "document")
+    if isinstance(data, str):
+        return [{"type": "blob", "modality": modality, "mime_type": mime, "content": data}]
+    if isinstance(url, str):
+        return [{"type": "uri", "modality": modality, "mime_type": mime, "uri": url}]
+    if isinstance(file_id, str):
+        return [{"type": "file", "modality": modality, "mime_type": mime, "file_id": file_id}]
+    return []
 
 
 def _arguments(raw: Any) -> Any:

@@ -339,7 +339,22 @@ def _content(turn: StoredTurn, response: dict) -> dict[str, Any]:
 
 
 def _json(value: Any) -> str:
-    return _cap(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if len(text) > CONTENT_MAX and '"type":"blob"' in text:  # the images go first, so the words still fit
+        text = json.dumps(_blobs_emptied(value), ensure_ascii=False, separators=(",", ":"))
+    return _cap(text)
+
+
+def _blobs_emptied(value: Any) -> Any:
+    """Messages with each blob part's content left out (and its length said), so that what
+    is cut for size is media, not the conversation, and the attribute stays JSON."""
+    if isinstance(value, list):
+        return [_blobs_emptied(v) for v in value]
+    if isinstance(value, dict):
+        if value.get("type") == "blob" and isinstance(value.get("content"), str):
+            return {**value, "content": "", "tooltap.content_omitted_chars": len(value["content"])}
+        return {k: _blobs_emptied(v) for k, v in value.items()}
+    return value
 
 
 def _cap(text: str | None) -> str | None:

@@ -287,3 +287,18 @@ def test_images_audio_and_files_are_media_parts():
     assert shown[0]["parts"][0] == {"type": "text", "content": "look"}
     assert shown[0]["parts"][1]["content"] == ""
     assert shown[0]["parts"][1]["tooltap.content_omitted_chars"] == spans.CONTENT_MAX + 10
+
+
+def test_a_cut_answer_s_calls_are_spans_only_when_the_agent_ran_them():
+    from proxy.otel.spans import StoredCall, tool_spans
+
+    calls = [StoredCall(0, "call_a", "read_file", None, '{"path": "a"}', result={"status": "ok", "text": "A"}),
+             StoredCall(1, "call_b", "read_file", None, '{"pa')]  # cut in its arguments
+    turn = StoredTurn(id=1, uid=None, session_id="s", parent_id=None, agent=None, api="openai.chat",
+                      upstream="https://api.openai.com/v1", path="/chat/completions", model="m",
+                      status="upstream_aborted", http_status=200, error="the upstream dropped the stream",
+                      stream=True, started_at=1.0, ttft_ms=1.0, duration_ms=5.0, usage=None, response={},
+                      params={}, calls=calls)
+    assert [s.attributes["gen_ai.tool.call.id"] for s in tool_spans(turn)] == ["call_a"]
+    whole = StoredTurn(**{**turn.__dict__, "status": "ok", "error": None})
+    assert [s.attributes["gen_ai.tool.call.id"] for s in tool_spans(whole)] == ["call_a", "call_b"]

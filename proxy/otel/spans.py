@@ -166,10 +166,13 @@ def chat_span(turn: StoredTurn, content: bool = False) -> SpanRecord:
 
 
 def tool_spans(turn: StoredTurn, content: bool = False) -> list[SpanRecord]:
-    """One `execute_tool` span per call of the turn, children of its chat span."""
+    """One `execute_tool` span per call of the turn, children of its chat span. Of an answer
+    that did not end well (a stream cut short), only the calls the agent is known to have
+    run: those whose result a later request carried; an agent retries the rest."""
     start = turn.ended_at
     end = turn.next_started_at if turn.next_started_at and turn.next_started_at >= start else start
-    return [_tool_span(turn, call, start, end, content) for call in turn.calls]
+    ran = turn.calls if turn.status == "ok" else [c for c in turn.calls if c.result]
+    return [_tool_span(turn, call, start, end, content) for call in ran]
 
 
 def _tool_span(turn: StoredTurn, call: StoredCall, start: float, end: float, content: bool) -> SpanRecord:

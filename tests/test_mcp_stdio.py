@@ -196,6 +196,38 @@ def test_signals_go_to_the_server_and_its_end_is_ours(tmp_path):
     assert codes == [-15, -2, 7]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_that_ignores_sigterm_dies_with_a_killed_wrapper(tmp_path):
+    """The SDK's shutdown: SIGTERM, then SIGKILL for a wrapper whose server did not exit.
+    The server must not outlive it (it runs in a process group of its own)."""
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    stubborn = ("import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "print(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    d = Driven(wrapped(db, sys.executable, "-c", stubborn, name="stubborn"))
+    server = int(d.wait_for(1).split()[0])
+    d.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    os.kill(server, 0)  # still there: it ignores SIGTERM
+    d.proc.kill()
+    d.proc.wait(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            break
+        try:  # reaped by init once it is gone; a zombie still answers kill(0)
+            with open(f"/proc/{server}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(server, signal.SIGKILL)
+        raise AssertionError("the server outlived its killed wrapper")
+
+
 def test_a_signal_while_the_wrapper_is_still_starting_goes_to_the_server():
     """Between starting the server and settling down to wait for it, the wrapper opens
     its database (seconds on a busy machine): a signal then must reach the server too,

@@ -5,14 +5,18 @@ server's stdin, the server's stdout to ours, its stderr to ours. Each read is wr
 whole, at once; the lines it completes are handed to the recorder first (a queue put;
 parsing and storage happen in the recorder's thread). Signals sent to the wrapper go to the server (which runs in a
 process group of its own, so a Ctrl-C in a terminal reaches it once, through us); the
-wrapper exits as the server did: with its exit code, or killed by the same signal.
+wrapper exits as the server did: with its exit code, or killed by the same signal. A
+wrapper killed outright (an agent's SIGKILL after a server ignored its SIGTERM) takes
+the server with it on Linux, where the kernel can be asked to: it would be left running.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -23,6 +27,7 @@ from .messages import FROM_SERVER, TO_SERVER, Lines
 READ_SIZE = 1 << 16
 STDERR_TAIL = 4096  # bytes of the server's stderr kept with its connection (a crash's last words)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 DRAIN_SECONDS = 2.0  # after the server exits: how long its pipes may stay open (a grandchild holding them)
 
 Record = Callable[[str, bytes, float, "str | None"], None]  # direction, line, time, note
@@ -34,6 +39,24 @@ class StartError(Exception):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def _dies_with(parent: int):
+    """For the child, between fork and exec: SIGKILL when the wrapper dies (Linux's
+    PR_SET_PDEATHSIG; Popen is called from the main thread, whose end is the process's)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: no import in the child
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the wrapper died before the request was made
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
 
 
 class Relay:
@@ -62,7 +85,8 @@ class Relay:
     def _start(self) -> None:
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, bufsize=0, process_group=0)
+                                         stderr=subprocess.PIPE, bufsize=0, process_group=0,
+                                         preexec_fn=_dies_with(os.getpid()))
         except FileNotFoundError:
             raise StartError(f"tooltap mcp: cannot run {self.argv[0]!r}: command not found", 127) from None
         except PermissionError:

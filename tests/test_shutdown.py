@@ -360,3 +360,36 @@ async def test_after_a_stop_the_database_file_alone_holds_every_turn(tmp_path, u
     copy.write_bytes(tt.db.read_bytes())
     with sqlite3.connect(copy) as conn:
         assert conn.execute("select count(*) from turns").fetchone()[0] == 5
+
+
+async def test_mcp_requests_open_at_the_stop_end_as_the_api_s_do(tmp_path, upstream):
+    """At the end of the grace an MCP event stream ends abruptly and a call still waiting
+    for the server gets a 503 naming the stop (a JSON-RPC error with its id), with no
+    'ASGI callable returned without completing response' in the log."""
+    tt = start(tmp_path, "--upstream", upstream, "--mcp", f"long={upstream}/long", "--mcp", f"hold={upstream}/hold")
+    cut: list[str] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        async def listen():
+            try:
+                async with client.stream("GET", f"{tt.url}/_mcp/long", headers={"mcp-session-id": "s1"}) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+            except httpx.HTTPError as exc:
+                cut.append(type(exc).__name__)
+
+        stream = asyncio.create_task(listen())
+        waiting = asyncio.create_task(client.post(f"{tt.url}/_mcp/hold", headers={"mcp-session-id": "s1"},
+                                                  json={"jsonrpc": "2.0", "id": 4, "method": "tools/call"}))
+        await asyncio.sleep(1.0)
+        tt.signal(signal.SIGINT, group=True)
+        await asyncio.sleep(0.5)
+        tt.signal(signal.SIGINT, group=True)  # cut now
+        answer = await waiting
+        await stream
+    assert await asyncio.to_thread(tt.wait, 9) == 0
+    assert cut == ["RemoteProtocolError"]
+    assert answer.status_code == 503 and answer.json()["id"] == 4
+    assert answer.json()["error"]["message"] == "tooltap shut down before the MCP server answered"
+    output = tt.output()
+    no_tracebacks(output)
+    assert "without completing response" not in output, output

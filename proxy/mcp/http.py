@@ -24,7 +24,7 @@ import aiohttp
 
 from ..asgi import read_body
 from ..capture import Decompressor, codings
-from ..forward import UpstreamAborted, sendable
+from ..forward import SHUT_DOWN, ShutDown, UpstreamAborted, sendable
 from ..secrets import redact_url
 from ..sse import SSEDecoder
 from .messages import FROM_SERVER, TO_SERVER
@@ -125,6 +125,7 @@ class McpHttpProxy:
         task = asyncio.current_task()
         watcher = asyncio.create_task(_on_hang_up(receive, task))
         response = None
+        started = False
         try:
             try:
                 response = await self.client.request(method, url, headers=headers, data=body or None,
@@ -149,15 +150,23 @@ class McpHttpProxy:
             kept = [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP]
             await send({"type": "http.response.start", "status": response.status,
                         "headers": sendable(response.status, kept, server, urlsplit(server.url).path)})
+            started = True
             await self._pump(response, send, conn)
             if method == "DELETE" and response.status < 300:
                 self.recorder.ended(conn, None)
                 self._connections.pop((server.name, session or ""), None)
-        except asyncio.CancelledError:
-            asyncio.current_task().uncancel()  # the agent hung up: the upstream is closed below
+        except asyncio.CancelledError:  # the agent hung up, or tooltap is stopping: the upstream is closed below
+            asyncio.current_task().uncancel()
+            hung_up = watcher.done()
             if conn is None and posted:  # before the server's answer began: the message is still kept
                 conn = self._connection(server, None)
-                self.recorder.record(conn, TO_SERVER, posted, at, note="the agent hung up before the server answered")
+                self.recorder.record(conn, TO_SERVER, posted, at, note=(
+                    "the agent hung up" if hung_up else SHUT_DOWN) + " before the server answered")
+            if hung_up:
+                return
+            if started:  # a stream open at the end of the stop's grace ends abruptly, as the API's do
+                raise ShutDown(SHUT_DOWN) from None
+            await _send_json(send, 503, _unreachable(body, f"{SHUT_DOWN} before the MCP server answered"))
         finally:
             watcher.cancel()
             if response is not None:

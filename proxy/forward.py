@@ -170,6 +170,7 @@ class Forwarder:
                 method=method,
                 path=raw_path + ("?" + redact_query(query) if query else ""),
                 upstream=redact_url(upstream.url),
+                route=upstream.prefix,
                 request_headers=headers,  # fingerprinted by capture.finish(), before anything is stored
                 request_body=body.data,  # (streamed: its first part, until the rest has come)
                 session_hint=session_hint,

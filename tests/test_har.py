@@ -284,3 +284,31 @@ def test_a_fingerprinted_query_key_stays_in_the_har_query(tooltap, upstream, tmp
     assert "#" not in url and key not in url
     assert entry["request"]["queryString"] == [{"name": "key", "value": fingerprint(key)},
                                                {"name": "alt", "value": "json"}]
+
+
+def test_a_named_upstream_s_prefix_is_not_in_the_har_url(make_tooltap, upstream, tmp_path):
+    """Behind `--upstream claude=URL` the agent asks tooltap for /claude/v1/messages and
+    the upstream gets /v1/messages: the HAR names what the upstream got, and imported back
+    the turn keeps the path the agent asked for."""
+    import httpx
+
+    from proxy.scripted import Reply
+
+    tooltap = make_tooltap(f"claude={upstream.url}/api")
+    upstream.routes["/api/v1/messages"] = Reply.json({"id": "m1", "type": "message", "role": "assistant",
+                                                      "content": [{"type": "text", "text": "hi"}]})
+    r = httpx.post(f"{tooltap.url}/claude/v1/messages?beta=true", timeout=10, json={
+        "model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status_code == 200 and upstream.received[-1].path == "/api/v1/messages"
+    tooltap.flush()
+    (summary,) = tooltap.api("/sessions")["sessions"]
+    turn = tooltap.api(f"/turns/{tooltap.api('/sessions/' + summary['id'])['turns'][0]['id']}")
+    assert (turn["path"], turn["route"]) == ("/claude/v1/messages?beta=true", "/claude")
+    path = tmp_path / "claude.har"
+    _run("export", summary["id"], "--db", str(tooltap.db_path), "--har", str(path))
+    (entry,) = json.loads(path.read_text(encoding="utf-8"))["log"]["entries"]
+    assert entry["request"]["url"] == f"{upstream.url}/api/v1/messages?beta=true"
+    fresh = tmp_path / "fresh.db"
+    _run("import", str(path), "--db", str(fresh))
+    (again,) = _everything(f"sqlite:///{fresh}")
+    assert again["turns"][0]["path"] == "/claude/v1/messages?beta=true"

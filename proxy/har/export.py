@@ -82,7 +82,7 @@ def entry(reader: Reader, turn_id: int, started_at: float | None = None, uid: st
     timeline = reader.timeline(turn_id) or []
     ttft = turn["ttft_ms"] or 0.0
     duration = max(turn["duration_ms"] or ttft, ttft)
-    path, sep, query = turn["path"].partition("?")
+    path, sep, query = _upstream_path(turn).partition("?")
     # A fingerprinted secret (`key=…abcd#1f2e3d4c`) is quoted: its `#` would start a fragment.
     url = turn["upstream"].rstrip("/") + path + sep + quote(query, safe="=&;+%/:,@!$'()*~-._")
     request: dict[str, Any] = {
@@ -119,11 +119,21 @@ def entry(reader: Reader, turn_id: int, started_at: float | None = None, uid: st
             "session_id": turn["session_id"], "turn_id": turn["id"], "parent_id": turn["parent_id"],
             "started_at": started_at,  # unix seconds, exact (startedDateTime keeps milliseconds)
             "uid": uid,  # imported back into this database, the turn is known and skipped
-            "api": turn["api"], "upstream": turn["upstream"], "path": turn["path"], "status": turn["status"],
+            "api": turn["api"], "upstream": turn["upstream"], "path": turn["path"], "route": turn.get("route"),
+            "status": turn["status"],
             "error": turn["error"], "stream": turn["stream"], "ttft_ms": turn["ttft_ms"],
             "duration_ms": turn["duration_ms"], "timeline": timeline, "raw_sha256": turn["raw_sha256"],
         },
     }
+
+
+def _upstream_path(turn: dict) -> str:
+    """The path the upstream got: the agent's, less the prefix that chose a named upstream."""
+    path, route = turn["path"], turn.get("route") or ""
+    if not (route and path.startswith(route) and path[len(route):][:1] in ("", "/", "?")):
+        return path
+    rest = path[len(route):]
+    return rest if rest.startswith("/") else "/" + rest
 
 
 def _content(raw: bytes, content_type: str | None, encoding: str | None) -> dict:

@@ -103,6 +103,7 @@ def entry_record(e: dict) -> TurnRecord:
     record = TurnRecord(
         started_at=ours.get("started_at") or _started_at(e),
         method=method, path=path, upstream=upstream,
+        route=ours["route"] if isinstance(ours.get("route"), str) else "",
         request_headers=_redact([(k, v) for k, v in request_headers
                                  if k.lower() not in _DROPPED_REQUEST_HEADERS and not k.startswith(":")]),
         request_body=body, session_hint=hint, api=api, http_status=status_code,

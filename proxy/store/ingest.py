@@ -186,7 +186,7 @@ class Ingestor:
         turn = NewTurn(**_TURN_DEFAULTS)
         turn.id = None
         turn.__dict__.update(
-            api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream,
+            api=rec.api, method=rec.method, path=rec.path, upstream=rec.upstream, route=rec.route,
             http_status=rec.http_status, status=rec.status, stream=rec.stream,
             started_at=rec.started_at, ttft_ms=rec.ttft_ms, duration_ms=rec.duration_ms,
             request_size=len(body), request_headers=rec.request_headers,

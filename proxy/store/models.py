@@ -95,6 +95,9 @@ class Turn(SQLModel, table=True):
     # The id a later request names to continue from this turn (a Responses answer's or
     # conversation's, apis.base.continues): how such a request finds its parent turn.
     continue_id: str | None = Field(default=None, index=True)
+    # The path prefix that chose a named upstream ("/claude"), which `path` starts with and
+    # the upstream never saw; "" at the root, NULL for turns stored before it was kept.
+    route: str | None = None
 
 
 class ToolCallRow(SQLModel, table=True):

@@ -111,6 +111,7 @@ class Reader:
                 "response": content.unpack(t.response),
                 "raw_sha256": t.raw_sha256,
                 "raw_size": t.raw_size,
+                "route": t.route,
                 "request_headers": t.request_headers,
                 "response_headers": t.response_headers,
                 "stream_error": t.stream_error,

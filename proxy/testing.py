@@ -188,15 +188,24 @@ def pytest_configure(config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """A miss fails the test itself, not only its teardown, even when the code under test
-    caught the error it was answered with."""
-    result = yield
+    caught the error it was answered with; when that code raised instead (the SDK's 404),
+    the miss is the failure, named once, with what the code then raised."""
     served = getattr(item, "funcargs", {}).get("tooltap_cassette")
+    try:
+        result = yield
+    except Exception as exc:
+        _fail_on_misses(served, f"\n(the code under test then raised {type(exc).__name__}: {exc})")
+        raise
+    _fail_on_misses(served)
+    return result
+
+
+def _fail_on_misses(served, then: str = "") -> None:
     if isinstance(served, ServedCassette):
         try:
             served.check()
         except CassetteMiss as exc:
-            pytest.fail(str(exc), pytrace=False)
-    return result
+            pytest.fail(str(exc) + then, pytrace=False)
 
 
 @pytest.fixture

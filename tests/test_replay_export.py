@@ -167,11 +167,17 @@ def test_swallowed_miss(tooltap_cassette):
         client.chat.completions.create(**{{**REQUEST, "model": "another-model"}})
     except openai.NotFoundError:
         pass  # agent code that hides errors must not turn a miss into a pass
+
+
+def test_raised_miss(tooltap_cassette):
+    client = openai.OpenAI(base_url=tooltap_cassette.url, api_key="unused", max_retries=0)
+    client.chat.completions.create(**{{**REQUEST, "model": "one-more-model"}})
 ''')
     r = run_pytest(module.parent, "test_my_agent.py")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "1 failed, 1 passed" in r.stdout
+    assert "2 failed, 1 passed in" in r.stdout  # each miss once: no error at teardown besides
     assert "FAILED test_my_agent.py::test_swallowed_miss" in r.stdout
+    assert "(the code under test then raised NotFoundError: " in r.stdout
     assert "closest recorded request: interactions[2], POST /chat/completions (turn #3)" in r.stdout
     assert '$.model: recorded "deepseek-chat", received "another-model"' in r.stdout
 

@@ -160,9 +160,11 @@ def test_a_mitmproxy_har_is_stored_as_if_it_had_passed_through(tmp_path):
     assert _run("import", str(zhar), "--db", everything, "--all-requests").strip() == \
         "imported 3 turn(s) into 2 session(s)"
 
-    # The model list is a session of one turn: one entry, in the singular.
+    # The model list is a session of one turn, under the day it was made (not the import's):
+    # one entry, in the singular.
     reader = Reader(open_database(everything, create=False))
     (single,) = [s["id"] for s in reader.sessions() if len(reader.session(s["id"])["turns"]) == 1]
+    assert single == "other-2025-06-01"
     one = tmp_path / "one.har"
     assert _run("export", single, "--db", everything, "--har", str(one)).strip() == f"wrote {one} (1 entry)"
 

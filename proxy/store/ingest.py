@@ -349,7 +349,8 @@ class Ingestor:
         search.index_messages(conn, self.dialect, messages)
 
         placer = Placer(conn, self.dialect)
-        asks = [Ask(it.chain, it.hint, it.hashes, it.continues, it.turn.continue_id) for it in items]
+        asks = [Ask(it.chain, it.hint, it.hashes, it.continues, it.turn.continue_id, it.turn.started_at)
+                for it in items]
         placements = placer.place_all(asks)
         nodes: dict[str, dict] = {}
         for it, placement in zip(items, placements):

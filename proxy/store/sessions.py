@@ -55,6 +55,7 @@ class Ask:
     hashes: list[str] = field(default_factory=list)  # its messages' (the chain's links)
     continues: str | None = None  # the id it names to continue a conversation (apis.base.continues)
     continue_id: str | None = None  # the id a later request would name to continue from it
+    at: float | None = None  # when the turn began (unix seconds)
 
 
 @dataclass
@@ -102,10 +103,10 @@ def lock_key(chain: list[str]) -> int:
     return int(chain[0][:15], 16)
 
 
-def other_session() -> str:
+def other_session(at: float | None = None) -> str:
     # No conversation (a model list, a health check, an embedding): one session per day
-    # gathers them rather than one session each.
-    return OTHER_PREFIX + time.strftime("%Y-%m-%d", time.gmtime())
+    # gathers them rather than one session each; the turn's day (an import's may be old).
+    return OTHER_PREFIX + time.strftime("%Y-%m-%d", time.gmtime(at))
 
 
 class Placer:
@@ -167,7 +168,7 @@ class Placer:
         for i, ask in enumerate(asks):
             chain, hint = ask.chain, ask.hint
             if not chain:
-                out.append(Placement(hint or other_session()))
+                out.append(Placement(hint or other_session(ask.at)))
                 continue
             parent = continued.get(ask.continues) if ask.continues else None
             if parent is not None:

@@ -238,7 +238,7 @@ def _rival_turns(db: DB, session_id: str, mcp: list[McpCall]) -> list[Turn]:
     tools = {m.tool for m in mcp}
     if not tools:
         return []
-    named = or_(*(ToolCallRow.name.like(f"%{tool}") for tool in tools))  # '_' and '%' only widen it
+    named = or_(*(ToolCallRow.name.endswith(tool, autoescape=True) for tool in tools))
     asking = (select(ToolCallRow.turn_id).join(Turn, Turn.id == ToolCallRow.turn_id)
               .where(Turn.session_id != session_id, named,
                      Turn.started_at >= min(m.request_at for m in mcp) - SLACK_SECONDS,

@@ -257,10 +257,11 @@ def test_a_message_in_the_oldest_of_many_sessions_is_found(engine_at):
 
 def test_the_migration_indexes_a_database_stored_before_it(engine_at, monkeypatch):
     engine = engine_at("0007")
-    with monkeypatch.context() as m:  # the writer as it was at 0007: no index to feed, no continue_id (0011)
+    newer = ("continue_id", "route")  # columns of migrations 0011 and 0012
+    with monkeypatch.context() as m:  # the writer as it was at 0007: no index to feed, none of the newer columns
         m.setattr(search, "index_messages", lambda *a, **k: None)
         row = ingest._turn_row
-        m.setattr(ingest, "_turn_row", lambda turn: {k: v for k, v in row(turn).items() if k != "continue_id"})
+        m.setattr(ingest, "_turn_row", lambda turn: {k: v for k, v in row(turn).items() if k not in newer})
         store = Store(engine)
         store.batch(coding_session(1_700_000_000))
         store.batch([chat(1_700_000_100, "weather in Paris")])

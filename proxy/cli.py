@@ -16,6 +16,7 @@ import click
 from . import malloc, stacks
 from .config import DEFAULT_DB, Settings, Upstream, normalize_db_url, upstreams_from_env
 from .mcp.cli import mcp as mcp_command
+from .options import Finite
 from .replay.cli import db_option, export, replay
 from .har.cli import import_command
 from .otel.cli import otel, otlp_options
@@ -119,9 +120,9 @@ def _secret_names(ctx, param, values):
               help="Address to listen on; one that is not loopback needs --ui-token.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
               help="Port the agents and the inspector connect to.")
-@click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--read-timeout", default=600.0, show_default=True, type=Finite(min=0, min_open=True),
               help="Seconds to wait for each upstream read; slow models think before they speak.")
-@click.option("--connect-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--connect-timeout", default=10.0, show_default=True, type=Finite(min=0, min_open=True),
               help="Seconds to wait for a connection to the upstream, TLS handshake included.")
 @click.option("--spool", "spool_path", envvar="TOOLTAP_SPOOL", show_envvar=True, default=None,
               help="File where turns wait while the database is down (default: beside the SQLite file).")
@@ -136,7 +137,7 @@ def _secret_names(ctx, param, values):
                    "names say key, token, auth, secret... Repeatable.  [env var: TOOLTAP_SECRET_HEADERS, "
                    "comma-separated, added to these]")
 @click.option("--shutdown-grace", envvar="TOOLTAP_SHUTDOWN_GRACE", show_envvar=True, default=8.0, show_default=True,
-              type=click.FloatRange(min=0.5), metavar="SECONDS",
+              type=Finite(min=0.5), metavar="SECONDS",
               help="On SIGTERM, SIGINT or SIGHUP, exit within this time: open streams may finish until "
                    "3 s before it (half of it, if shorter), then are cut and recorded. Keep it under your "
                    "orchestrator's kill timeout (docker: 10 s).")
@@ -279,7 +280,7 @@ def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
               help="Keep the demo's database here, a SQLite file or a database URL (default: a temporary "
                    "file removed on exit).")
 @click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", show_envvar=True, default=None, help="As for `serve`.")
-@click.option("--live-every", default=20.0, show_default=True, type=float,
+@click.option("--live-every", default=20.0, show_default=True, type=Finite(min=0),
               help="Seconds between slowly streamed turns, to watch live updates (0: none).")
 def demo(host, port, db_url, ui_token, live_every) -> None:
     """Run tooltap with a built-in scripted upstream and recorded sessions: no API key needed."""

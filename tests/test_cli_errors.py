@@ -310,6 +310,9 @@ def test_schemas_errors_on_odd_input(tmp_path):
     (["serv"], ["'serv'", "Did you mean 'serve'", "proxy --help"]),
     (["replay", "session"], ["Missing argument", "replay session --help"]),
     (["prune", "--older-than", "3x"], ["'3x' is not an age", "prune --help"]),
+    (["serve", "--read-timeout", "nan"], ["'nan' is not a finite number", "serve --help"]),
+    (["serve", "--shutdown-grace", "inf"], ["'inf' is not a finite number", "serve --help"]),
+    (["demo", "--live-every", "inf"], ["'inf' is not a finite number", "demo --help"]),
 ])
 def test_a_command_line_mistake_is_one_line_without_the_usage_above_it(args, needles):
     r = run(*args)

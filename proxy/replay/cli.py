@@ -8,6 +8,7 @@ import sys
 import click
 
 from ..config import DEFAULT_DB
+from ..options import Finite
 from .compare import ARG_MODES, ORDER_MODES, Rules
 from .recording import RecordingError, load, open_reader
 from .result import ReplayResult, render_json, render_markdown, render_text
@@ -113,7 +114,7 @@ def _progress(total: int):
 @click.argument("session_id", metavar="SESSION")
 @db_option
 @click.option("--recorded", is_flag=True, help="Serve the stored response bytes as the upstream.")
-@click.option("--speed", default=0.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--speed", default=0.0, show_default=True, type=Finite(min=0),
               help="With --recorded: 1 replays at the recorded chunk timing, N N times faster, 0 at once.")
 @click.option("--against", "url", metavar="URL", help="Send the stored requests to this endpoint instead.")
 @click.option("--model", default=None, help="With --against: the model to ask (default: as recorded).")

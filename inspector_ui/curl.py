@@ -10,6 +10,7 @@ import json
 import shlex
 from typing import Any
 
+from .bidi import CONTROLS, escaped_in_json
 from .longtext import CLIP
 from proxy.secrets import _SECRET_PARAM, is_secret_name
 
@@ -39,7 +40,9 @@ def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> s
             lines.append(f"-H {shlex.quote(f'{name}: {value}')}")
     body = turn.get("request")
     if body is not None:
-        text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+        # JSON with its bidirectional controls as escapes: the page need not mark them, and
+        # the command copied from it sends the same JSON (a text body holding one goes in a file).
+        text = body if isinstance(body, str) else escaped_in_json(json.dumps(body, ensure_ascii=False))
         if _needs_file(turn, text, body_limit):
             lines.append(f"--data-binary @{request_file_name(turn)}")
         else:
@@ -54,7 +57,7 @@ def _needs_file(turn: dict[str, Any], text: str, body_limit: int) -> bool:
     starting with `@` as a file name (it would send that file instead)."""
     if len(text) > body_limit or turn.get("request_encoding") == "base64":
         return True
-    return text.startswith("@") or "\r" in text or "\0" in text
+    return text.startswith("@") or "\r" in text or "\0" in text or CONTROLS.search(text) is not None
 
 
 def request_file_name(turn: dict[str, Any]) -> str:

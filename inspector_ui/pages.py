@@ -17,7 +17,7 @@ from markupsafe import Markup
 
 from proxy.store.read import MAX_ID, known_id
 
-from . import replays, transcript
+from . import bidi, replays, transcript
 from .api import writer_health
 from .curl import as_curl, request_file_name
 from .longtext import clip, whole
@@ -26,26 +26,14 @@ from .queries import TURN_STATUSES, Filters, day
 from .rawview import raw_view
 
 router = APIRouter()
-# Bidirectional embedding, override and isolate controls reorder what follows them: in
-# captured text they can make a tool call's arguments read as something else (the "Trojan
-# Source" trick). Every value a template prints shows each as a visible mark instead.
-_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
-
-
-def _controls_shown(value):
-    if isinstance(value, str) and _BIDI_CONTROLS.search(value):
-        shown = _BIDI_CONTROLS.sub(lambda m: f"⟨U+{ord(m[0]):04X}⟩", value)
-        return Markup(shown) if isinstance(value, Markup) else shown  # the mark holds nothing to escape
-    return value
-
-
 _env = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
-                   autoescape=select_autoescape(default=True, default_for_string=True), finalize=_controls_shown)
+                   autoescape=select_autoescape(default=True, default_for_string=True), finalize=bidi.shown)
 templates = Jinja2Templates(env=_env)
 # Ids in links are quoted whole, `/` too: the routes take them back as paths, and a session
 # named `../../x` (a client's X-Tooltap-Session) must not lead its page's links out of it.
 _env.filters["urlencode"] = lambda v: quote(v, safe="") if isinstance(v, str) else do_urlencode(v)
 _env.filters["pretty"] = transcript.pretty
+_env.filters["exact"] = bidi.exact
 _env.filters["clip"] = clip
 _env.filters["num"] = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")
 _env.globals["urlencode"] = urlencode

@@ -4,6 +4,7 @@ cline-weather session, hostile captured text, live turns, search, the UI token."
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 import re
 import threading
 
@@ -149,6 +150,15 @@ def test_bidirectional_controls_are_shown_not_obeyed(tooltap, upstream, page):
         assert "⟨U+202E⟩" in text and rlo not in text, url
     assert "echo safe ⟨U+202E⟩fr- mr" in text
     assert tooltap.api("/turns/1")["tool_calls"][0]["arguments"]["command"] == f"echo safe {rlo}fr- mr"  # stored as sent
+    # What goes back to tooltap is not marked: copy as curl sends the same JSON (the
+    # control as its escape), and the search box and the model list submit what they hold.
+    curl = page.locator("#curl").inner_text()
+    assert "bidi \\u202etest" in curl and "⟨" not in curl, curl
+    page.goto(f"{tooltap.url}/_tooltap/?q=" + quote(f"bidi {rlo}test"))
+    assert page.locator("#search").input_value() == f"bidi {rlo}test"
+    page.click("text=filter")
+    page.locator("tr[data-session]").first.wait_for()
+    assert page.locator("tr[data-session]").count() == 1 and "bidi" in page.url
 
 
 def test_two_quick_turns_of_a_new_session_add_one_row_live(tooltap, upstream, page):

@@ -116,9 +116,10 @@ def _like(text: str) -> str:
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _json_like(text: str) -> str:
-    """The pattern as it appears inside stored JSON text (non-ASCII escaped as \\uXXXX)."""
-    return _like(json.dumps(text)[1:-1])
+def _json_likes(text: str) -> set[str]:
+    """Patterns for the JSON string `text` whole, as stored JSON text holds it: non-ASCII
+    as it is (orjson, the writer's) or escaped as \\uXXXX (json.dumps, older rows)."""
+    return {_like(json.dumps(text, ensure_ascii=ascii)) for ascii in (False, True)}
 
 
 class Queries:
@@ -168,7 +169,8 @@ class Queries:
     def _conditions(self, f: Filters) -> list:
         out = []
         if f.model:
-            out.append(func.cast(Session.models, _text_type()).like(_json_like(f.model), escape="\\"))
+            models = func.cast(Session.models, _text_type())
+            out.append(or_(*(models.like(p, escape="\\") for p in _json_likes(f.model))))
         if f.status == "errors":
             out.append(Session.errors > 0)
         elif f.status == "ok":

@@ -133,7 +133,7 @@ class TooltapServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         tasks = list(state.tasks)
         if tasks:
-            log.warning("cutting %d open request(s) (recorded as proxy_error \"tooltap shut down\")", len(tasks))
+            log.warning("cutting %d open request(s) (each recorded with \"tooltap shut down\")", len(tasks))
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks, timeout=max(0.5, (deadline - time.monotonic()) / 3))

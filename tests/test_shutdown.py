@@ -393,3 +393,7 @@ async def test_mcp_requests_open_at_the_stop_end_as_the_api_s_do(tmp_path, upstr
     output = tt.output()
     no_tracebacks(output)
     assert "without completing response" not in output, output
+    with sqlite3.connect(tt.db) as db:  # the call and the error answered in the server's place
+        rows = db.execute("SELECT direction, note FROM mcp_messages WHERE server = 'hold' ORDER BY seq").fetchall()
+    assert rows == [("to_server", None),
+                    ("from_server", "tooltap's answer: tooltap shut down before the server answered")]

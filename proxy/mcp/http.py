@@ -112,7 +112,8 @@ class McpHttpProxy:
         if not complete:
             return
         at = time.time()
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+                   if k.lower() not in _HOP_BY_HOP]
         asked_session = _header(scope["headers"], SESSION_HEADER.encode())
         method = scope["method"]
         posted = body.strip() if method == "POST" else b""
@@ -134,12 +135,8 @@ class McpHttpProxy:
                                                                          "Content-Type"))
             except _UPSTREAM_ERRORS as exc:
                 answer = _unreachable(body, f"tooltap could not reach the MCP server: {exc}")
-                if posted:  # the agent's message, and the error it got in place of the server's answer
-                    if conn is None:
-                        conn = self._connection(server, None)
-                        self.recorder.record(conn, TO_SERVER, posted, at)
-                    self.recorder.record(conn, FROM_SERVER, json.dumps(answer).encode(),
-                                         note="tooltap's answer: the server could not be reached")
+                if posted:
+                    conn = self._answered(conn, server, posted, at, answer, "the server could not be reached")
                 return await _send_json(send, 502, answer)
             session = response.headers.get(SESSION_HEADER) or asked_session
             if conn is None:
@@ -157,22 +154,34 @@ class McpHttpProxy:
                 self._connections.pop((server.name, session or ""), None)
         except asyncio.CancelledError:  # the agent hung up, or tooltap is stopping: the upstream is closed below
             asyncio.current_task().uncancel()
-            hung_up = watcher.done()
-            if conn is None and posted:  # before the server's answer began: the message is still kept
-                conn = self._connection(server, None)
-                self.recorder.record(conn, TO_SERVER, posted, at, note=(
-                    "the agent hung up" if hung_up else SHUT_DOWN) + " before the server answered")
-            if hung_up:
+            if watcher.done():  # the agent hung up; before the server's answer began, its message is kept
+                if conn is None and posted:
+                    conn = self._connection(server, None)
+                    self.recorder.record(conn, TO_SERVER, posted, at,
+                                         note="the agent hung up before the server answered")
                 return
             if started:  # a stream open at the end of the stop's grace ends abruptly, as the API's do
                 raise ShutDown(SHUT_DOWN) from None
-            await _send_json(send, 503, _unreachable(body, f"{SHUT_DOWN} before the MCP server answered"))
+            answer = _unreachable(body, f"{SHUT_DOWN} before the MCP server answered")
+            if posted:
+                conn = self._answered(conn, server, posted, at, answer, f"{SHUT_DOWN} before the server answered")
+            await _send_json(send, 503, answer)
         finally:
             watcher.cancel()
             if response is not None:
                 response.close()
             if conn is not None and not session and posted:  # an exchange on its own ends with it
                 self.recorder.ended(conn, None)
+
+    def _answered(self, conn: Connection | None, server: McpUpstream, posted: bytes, at: float, answer: dict,
+                  why: str) -> Connection:
+        """The agent's message (unless recorded already) and the error tooltap answered in
+        the server's place, recorded as the answer it got."""
+        if conn is None:
+            conn = self._connection(server, None)
+            self.recorder.record(conn, TO_SERVER, posted, at)
+        self.recorder.record(conn, FROM_SERVER, json.dumps(answer).encode(), note=f"tooltap's answer: {why}")
+        return conn
 
     def _connection(self, server: McpUpstream, session: str | None) -> Connection:
         if not session:  # a server without sessions: each exchange on its own

@@ -10,7 +10,7 @@ import json
 import shlex
 from typing import Any
 
-from .bidi import CONTROLS, escaped_in_json
+from proxy.bidi import CONTROLS, escaped
 from .longtext import CLIP
 from proxy.secrets import _SECRET_PARAM, is_secret_name
 
@@ -42,7 +42,7 @@ def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> s
     if body is not None:
         # JSON with its bidirectional controls as escapes: the page need not mark them, and
         # the command copied from it sends the same JSON (a text body holding one goes in a file).
-        text = body if isinstance(body, str) else escaped_in_json(json.dumps(body, ensure_ascii=False))
+        text = body if isinstance(body, str) else escaped(json.dumps(body, ensure_ascii=False))
         if _needs_file(turn, text, body_limit):
             lines.append(f"--data-binary @{request_file_name(turn)}")
         else:

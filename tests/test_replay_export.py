@@ -359,7 +359,7 @@ def test_a_compressed_recording_is_served_decoded(tooltap, upstream):
 def test_arguments_the_store_could_not_hold_are_expected_as_sent(tooltap, upstream, tmp_path):
     """A lone surrogate or NaN in a model's arguments is flagged and not stored as JSON; the
     exported test still expects the value the arguments' text parses to, as a replay gets."""
-    texts = ['{"path": "a\\ud800b", "n": 1}', '{"ratio": NaN}']
+    texts = ['{"path": "a\\ud800b", "n": 1}', '{"ratio": NaN}', '{"cmd": "safe \u202erm"}']
     upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "finish_reason": "tool_calls",
         "message": {"role": "assistant", "content": None, "tool_calls": [
             {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": text}}
@@ -370,8 +370,15 @@ def test_arguments_the_store_could_not_hold_are_expected_as_sent(tooltap, upstre
     session, result = export(tooltap, tmp_path)
     assert result.exit_code == 0, result.output
     stored = tooltap.api(f"/turns/{tooltap.api(f'/sessions/{session}')['turns'][0]['id']}")["tool_calls"]
-    assert [c["arguments"] for c in stored] == [None, None]  # flagged, kept raw
+    assert [c["arguments"] for c in stored][:2] == [None, None]  # flagged, kept raw
     source = next(tmp_path.glob("test_*.py")).read_text()
     assert "'a\\ud800b'" in source and 'float("nan")' in source
+    # A bidirectional control is written as its escape where people read: the same JSON.
+    cassette = next(tmp_path.glob("*.cassette.json")).read_text()
+    assert "\u202e" not in cassette and "\\u202erm" in cassette
     r = run_pytest(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+    report = CliRunner().invoke(main, ["replay", "session", session, "--recorded", "--format", "json",
+                                       "--db", f"sqlite:///{tooltap.db_path}"])
+    assert report.exit_code == 0 and "\u202e" not in report.output, report.output
+    assert json.loads(report.output)["turns"][0]["recorded_calls"][2]["arguments"]["cmd"] == "safe \u202erm"

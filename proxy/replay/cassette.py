@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..bidi import escaped
 from ..secrets import SECRET_HEADERS, fingerprint
 from .upstream import CassetteUpstream, Interaction, replayable_headers, sendable_headers
 
@@ -77,7 +78,7 @@ class Cassette:
         for n, i in enumerate(doc["interactions"]):
             timelines.append(json.dumps(i["response"]["timeline"], separators=(",", ":")))
             i["response"]["timeline"] = f"\0timeline{n}\0"
-        text = json.dumps(doc, indent=2, ensure_ascii=False)
+        text = escaped(json.dumps(doc, indent=2, ensure_ascii=False))  # the same JSON, safe to review
         for n, line in enumerate(timelines):
             text = text.replace(json.dumps(f"\0timeline{n}\0"), line, 1)
         return text + "\n"

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ..bidi import printable
 from ..config import DEFAULT_DB
 from ..options import Finite
 from .compare import ARG_MODES, ORDER_MODES, Rules
@@ -40,7 +41,9 @@ def _recording(reader, session_id: str):
 
 
 def _emit(result: ReplayResult, fmt: str) -> None:
-    click.echo({"text": render_text, "json": render_json, "markdown": render_markdown}[fmt](result))
+    # Tool names, arguments and differences are the model's words: what can fool or break a
+    # terminal goes as escapes (in JSON, the same text).
+    click.echo(printable({"text": render_text, "json": render_json, "markdown": render_markdown}[fmt](result)))
 
 
 @click.group(short_help="Replay stored sessions: converters, recording, or live.")

@@ -394,15 +394,15 @@ def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
                         progress=step)
     engine.dispose()
     if dry_run:
-        click.echo(f"would prune {res.what()}; about {_mb(res.turn_bytes + res.blob_bytes)} of data "
+        click.echo(f"would prune {res.what()}; about {_size(res.turn_bytes + res.blob_bytes)} of data "
                    "(nothing changed)")
         return
-    click.echo(f"pruned {res.what()}; reclaimed {_mb(res.reclaimed)} ({_vacuum_note(res.vacuum)}, "
+    click.echo(f"pruned {res.what()}; reclaimed {_size(res.reclaimed)} ({_vacuum_note(res.vacuum)}, "
                f"{res.seconds:.1f} s)")
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} KB" if n >= 1000 else f"{n} bytes"
 
 
 def _vacuum_note(how: str) -> str:
@@ -435,13 +435,13 @@ def stats(days, as_json, db_url) -> None:
         return
     console = Console()
     console.print(f"turns {s.turns} ({s.errors} not ok), sessions {s.sessions}, blobs {s.blobs} "
-                  f"({_mb(s.blob_bytes)}), database {_mb(s.database_bytes)}", highlight=False)
-    console.print(f"MCP messages {s.mcp_messages} ({_mb(s.mcp_bytes)} as sent), servers {s.mcp_servers}, "
+                  f"({_size(s.blob_bytes)}), database {_size(s.database_bytes)}", highlight=False)
+    console.print(f"MCP messages {s.mcp_messages} ({_size(s.mcp_bytes)} as sent), servers {s.mcp_servers}, "
                   f"connections {s.mcp_connections}", highlight=False)
     for label, at, none in (("first turn", s.first_at, "-"), ("last turn ", s.last_at, "-"),
                             ("pruned    ", s.pruned_at, "never")):
         console.print(f"{label} {shown_time(at) + ' UTC' if at else none}", highlight=False)
-    table = Table(title=f"growth, last {days} days (UTC)")
+    table = Table(title=f"growth, last {days} days (UTC)" if days > 1 else "growth, today (UTC)")
     for name in ("day", "turns", "not ok", "wire MB", "stored MB", "MCP messages"):
         table.add_column(name, justify="left" if name == "day" else "right")
     for d in s.days:

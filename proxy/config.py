@@ -27,8 +27,9 @@ class Upstream:
         name, sep, url = spec.partition("=")
         if not sep or "://" in name:
             name, url = None, spec
-        elif "/" + name == RESERVED_PREFIX:
-            raise ValueError(f"the upstream name {name!r} is reserved for tooltap's own pages; choose another")
+        elif "/" + name == RESERVED_PREFIX or name.startswith("_"):
+            raise ValueError(f"the upstream name {name!r} starts with '_', as tooltap's own paths do "
+                             "(/_tooltap, /_mcp); choose another")
         elif not _NAME.match(name):
             raise ValueError(f"bad upstream name {name!r}: use letters, digits, '.', '_', '-'")
         parts = urlsplit(url.strip())

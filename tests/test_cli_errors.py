@@ -102,7 +102,8 @@ def test_postgres_without_its_driver_says_what_to_install(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--upstream", "http://127.0.0.1:notaport"], "port is not a number"),
-    (["--upstream", "_tooltap=http://127.0.0.1:9"], "reserved"),
+    (["--upstream", "_tooltap=http://127.0.0.1:9"], "as tooltap's own paths do (/_tooltap, /_mcp)"),
+    (["--upstream", "_mcp=http://127.0.0.1:9"], "as tooltap's own paths do (/_tooltap, /_mcp)"),
     (["--upstream", "a=http://127.0.0.1:9", "--upstream", "a=http://127.0.0.1:10"], "more than one upstream"),
     (["--upstream", "http://127.0.0.1:9", "--port", "99999"], "99999"),
     (["--upstream", "http://127.0.0.1:9", "--read-timeout", "-5"], "--read-timeout"),

@@ -1,28 +1,30 @@
 """Bidirectional controls in captured text (proxy/bidi.py): shown, never obeyed.
 
 Every value a template prints shows each as a mark, `⟨U+202E⟩` (`shown`, the templates'
-finalize hook), but for values that must stay as they are because they go back to
-tooltap: a form's values (`exact`).
+finalize hook; `marked` for the plain-text views), but for values that must stay as they
+are because they go back to tooltap: a form's values (`exact`, which writes them as
+character references: the form sends the character, and nothing is left to mark, even
+when a macro's output passes the hook again).
 """
 
 from __future__ import annotations
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from proxy.bidi import CONTROLS
 
 
-class Exact(str):
-    """A value printed as it is (escaped, not marked): what a form sends back."""
-
-
-def exact(value):
-    return Exact(value) if isinstance(value, str) else value
+def marked(text: str) -> str:
+    return CONTROLS.sub(lambda m: f"⟨U+{ord(m[0]):04X}⟩", text)
 
 
 def shown(value):
-    if isinstance(value, Exact) or not isinstance(value, str) or not CONTROLS.search(value):
+    if not isinstance(value, str) or not CONTROLS.search(value):
         return value
-    marked = CONTROLS.sub(lambda m: f"⟨U+{ord(m[0]):04X}⟩", value)
-    return Markup(marked) if isinstance(value, Markup) else marked  # the mark holds nothing to escape
+    return Markup(marked(value)) if isinstance(value, Markup) else marked(value)  # the mark holds nothing to escape
 
+
+def exact(value):
+    if not isinstance(value, str):
+        return value
+    return Markup(CONTROLS.sub(lambda m: f"&#x{ord(m[0]):X};", str(escape(value))))

@@ -11,8 +11,9 @@ import shlex
 from typing import Any
 
 from proxy.bidi import CONTROLS, escaped
-from .longtext import CLIP
 from proxy.secrets import _SECRET_PARAM, is_secret_name
+
+from .longtext import CLIP
 
 SKIP = {"host", "content-length", "accept-encoding", "connection", "transfer-encoding", "cookie",
         "x-tooltap-token", "x-tooltap-session"}
@@ -37,7 +38,7 @@ def as_curl(turn: dict[str, Any], tooltap_url: str, body_limit: int = CLIP) -> s
             value = f"{scheme} $API_KEY" if scheme else "$API_KEY"
             lines.append(f'-H "{name}: {value}"')  # double quotes: the shell fills in $API_KEY
         else:
-            lines.append(f"-H {shlex.quote(f'{name}: {value}')}")
+            lines.append(f"-H {_shell_quote(f'{name}: {value}')}")
     body = turn.get("request")
     if body is not None:
         # JSON with its bidirectional controls as escapes: the page need not mark them, and
@@ -63,6 +64,15 @@ def _needs_file(turn: dict[str, Any], text: str, body_limit: int) -> bool:
 def request_file_name(turn: dict[str, Any]) -> str:
     kind = {"json": "json", "text": "txt"}.get(turn.get("request_encoding"), "bin")
     return f"tooltap-turn-{turn.get('id')}-request.{kind}"
+
+
+def _shell_quote(text: str) -> str:
+    """Quoted for the shell; a bidirectional control as its UTF-8 bytes in a `$'\\xe2...'`
+    word (bash, zsh; bytes, so whatever the locale): the same value, nothing to mark."""
+    if not CONTROLS.search(text):
+        return shlex.quote(text)
+    inner = text.replace("\\", "\\\\").replace("'", "\\'")
+    return "$'" + CONTROLS.sub(lambda m: "".join(f"\\x{b:02x}" for b in m[0].encode()), inner) + "'"
 
 
 def _quote_url(url: str) -> str:

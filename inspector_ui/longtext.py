@@ -8,6 +8,8 @@ from __future__ import annotations
 from fastapi.responses import Response
 from markupsafe import Markup, escape
 
+from .bidi import marked
+
 CLIP = 64 * 1024  # characters of one text shown on a page
 
 
@@ -23,7 +25,7 @@ def clip(text, href: str | None = None, limit: int = CLIP) -> Markup:
 
 def whole(text: str, filename: str) -> Response:
     """The whole of a clipped text, where its link leads: plain text the browser shows (every
-    inspector response is nosniff, so captured HTML stays text). A lone surrogate is written
-    as its escape, as json_bytes does."""
-    return Response(text.encode("utf-8", "backslashreplace"), media_type="text/plain; charset=utf-8",
+    inspector response is nosniff, so captured HTML stays text), bidirectional controls
+    marked as on the pages. A lone surrogate is written as its escape, as json_bytes does."""
+    return Response(marked(text).encode("utf-8", "backslashreplace"), media_type="text/plain; charset=utf-8",
                     headers={"content-disposition": f'inline; filename="{filename}"'})

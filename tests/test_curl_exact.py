@@ -41,6 +41,7 @@ BODIES = [
     b"first\r\nsecond\rthird\r\n",  # CR: a page's text would hand it over as LF
     b"before\0after",  # NUL: no shell argument holds it
     b"@decoy.txt",  # curl would send the file decoy.txt instead
+    "rtl \u202egpj.exe".encode(),  # a bidirectional control: the page would show a mark
 ]
 
 
@@ -87,3 +88,19 @@ def test_a_compressed_request_stored_decoded_is_sent_decoded(tooltap, upstream, 
                    capture_output=True)
     assert upstream.received[-1].header("content-encoding") is None
     assert upstream.received[-1].json() == request
+
+
+def test_bidirectional_controls_in_headers_and_json_go_as_sent(tooltap, upstream, page, tmp_path):
+    """The page marks such controls; the copied command still sends them: a header as a
+    $'\\u202e' word, a JSON body with the control as its escape (the same JSON)."""
+    import json
+
+    upstream.routes["/chat/completions"] = Reply.json({"ok": True})
+    request = {"model": "m", "messages": [{"role": "user", "content": "run \u202egpj.exe"}]}
+    r = httpx.post(f"{tooltap.url}/chat/completions", content=json.dumps(request).encode(),
+                   headers={"content-type": "application/json", "x-title": "my\u202eapp".encode()})
+    assert r.status_code == 200
+    turn = tooltap.api("/turns")["turns"][0]
+    run_copied_command(page, tooltap, turn["id"], tmp_path)
+    assert upstream.received[-1].json() == request
+    assert upstream.received[-1].header("x-title") == upstream.received[0].header("x-title")

@@ -225,6 +225,30 @@ def test_a_message_s_raw_text_is_its_very_bytes(make_tooltap, upstream):
     assert good.content == sent[1] and good.headers["content-type"] == "text/plain; charset=utf-8"
 
 
+def test_a_server_named_with_a_bidirectional_control_is_compared_by_its_name(make_tooltap, upstream, page):
+    """The schemas page shows the name marked, and its form sends the name as stored: the
+    two tool sets compare (the marks went back once, and no tool set had that name)."""
+    from proxy.mcp.store import Connection, Recorder, new_id
+
+    tooltap = make_tooltap(upstream.url)
+    recorder = Recorder(f"sqlite:///{tooltap.db_path}", tooltap.db_path.parent / "mcp-spool")
+    recorder.start()
+    for n, tools in enumerate((["read"], ["read", "write"])):
+        conn, at = Connection(new_id(), "stdio", name="files\u202eevil"), time.time() + n
+        _send(recorder, conn, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, at)
+        _send(recorder, conn, {"jsonrpc": "2.0", "id": 1, "result": {"tools": [
+            {"name": t, "inputSchema": {"type": "object"}} for t in tools]}}, at + 0.1, "from_server")
+    recorder.close()
+    page.goto(f"{tooltap.url}/_tooltap/schemas")
+    names = page.locator("select[name=a] option").all_inner_texts()
+    assert any("files⟨U+202E⟩evil" in n for n in names) and not any("\u202e" in n for n in names), names
+    values = [v for v in page.locator("select[name=a] option").evaluate_all("os => os.map(o => o.value)")
+              if v.startswith("mcp:")]
+    assert sorted(values) == ["mcp:files\u202eevil@1", "mcp:files\u202eevil@2"], values
+    r = httpx.get(f"{tooltap.url}/_tooltap/schemas", params={"a": values[0], "b": values[1]})
+    assert r.status_code == 200 and "no tool set" not in r.text and "write" in r.text
+
+
 def test_a_call_matched_by_arguments_must_be_due(make_tooltap, upstream, page):
     """The tester's case: an agent's own get_forecast (one turn, no turn after it) was drawn
     as an MCP call because another client sent the same tools/call 26 s later. With no next

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ..bidi import printable
 from ..config import DEFAULT_DB
 from .common import count
 from .convert import PROFILES, TARGETS, UnsupportedTarget, convert_tools
@@ -20,6 +21,12 @@ db_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True
                          show_default=True, metavar="URL",
                          help="The tooltap database the tool sets are read from (by list, and for "
                               "turn:, session: and mcp: sources).")
+
+
+def _say(text: str, err: bool = False) -> None:
+    # Tool names and descriptions are whoever wrote the tools': what can fool or break a
+    # terminal goes as escapes (proxy/bidi.py).
+    click.echo(printable(text), err=err)
 
 
 class SchemasError(click.ClickException):
@@ -73,14 +80,14 @@ def list_cmd(db_url: str | None, fmt: str) -> None:
     except DatabaseUnavailable as exc:
         raise SchemasError(str(exc)) from exc
     if fmt == "json":
-        click.echo(_dump({"tool_sets": rows}))
+        _say(_dump({"tool_sets": rows}))
         return
     if not rows:
-        click.echo("no tool sets recorded")
+        _say("no tool sets recorded")
         return
-    click.echo(f"{'session':<24} {'turn':>6} {'api':<20} {'model':<28} {'tools':>5}  hash      seen")
+    _say(f"{'session':<24} {'turn':>6} {'api':<20} {'model':<28} {'tools':>5}  hash      seen")
     for r in rows:
-        click.echo(f"{str(r.get('session_id'))[:24]:<24} {r.get('turn_id')!s:>6} {str(r.get('api'))[:20]:<20} "
+        _say(f"{str(r.get('session_id'))[:24]:<24} {r.get('turn_id')!s:>6} {str(r.get('api'))[:20]:<20} "
                    f"{str(r.get('model'))[:28]:<28} {r.get('tool_count')!s:>5}  {str(r.get('tools_hash'))[:8]:<8}  {r.get('seen_at')}")
 
 
@@ -98,12 +105,12 @@ def show(source: str, db_url: str | None, fmt: str) -> None:
             counts[target] = len(convert_tools(ts.tools, target)[1])
     except SchemaError as exc:
         counts = {}
-        click.echo(f"warning: {exc}", err=True)
+        _say(f"warning: {exc}", err=True)
     if fmt == "json":
-        click.echo(_dump({"source": ts.source, "format": ts.format, "skipped": ts.skipped,
+        _say(_dump({"source": ts.source, "format": ts.format, "skipped": ts.skipped,
                           "tools": [t.to_dict() for t in ts.tools], "losses_per_target": counts}))
     else:
-        click.echo(toolset_text(ts, counts))
+        _say(toolset_text(ts, counts))
 
 
 @schemas.command(short_help="Convert a tool set to another provider's format; report the losses.")
@@ -123,13 +130,13 @@ def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None
     except (UnsupportedTarget, SchemaError, RecursionError) as exc:
         raise SchemasError(str(exc)) from exc
     if fmt == "json":
-        click.echo(_dump({"source": ts.source, "from": ts.format, "to": target, "profile": profile,
+        _say(_dump({"source": ts.source, "from": ts.format, "to": target, "profile": profile,
                           "tools": tools, "losses": [l.to_dict() for l in losses]}))
         return
-    click.echo(_dump(tools))
+    _say(_dump(tools))
     for line in loss_lines(losses):
-        click.echo(line, err=True)
-    click.echo(f"{count(len(tools), 'tool')}, {count(len(losses), 'loss', 'losses')}", err=True)
+        _say(line, err=True)
+    _say(f"{count(len(tools), 'tool')}, {count(len(losses), 'loss', 'losses')}", err=True)
 
 
 @schemas.command()
@@ -149,9 +156,9 @@ def diff(a: str, b: str, fmt: str, db_url: str | None) -> None:
     except (SchemaError, RecursionError) as exc:
         raise SchemasError(str(exc)) from exc
     if fmt == "json":
-        click.echo(_dump({"a": {"source": a, "format": ta.format}, "b": {"source": b, "format": tb.format}, **result}))
+        _say(_dump({"a": {"source": a, "format": ta.format}, "b": {"source": b, "format": tb.format}, **result}))
     elif fmt == "markdown":
-        click.echo(diff_markdown(result, a, b))
+        _say(diff_markdown(result, a, b))
     else:
-        click.echo(diff_text(result, a, b))
+        _say(diff_text(result, a, b))
     sys.exit(1 if result["breaking"] else 0)

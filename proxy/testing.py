@@ -193,7 +193,7 @@ def pytest_runtest_call(item):
     served = getattr(item, "funcargs", {}).get("tooltap_cassette")
     try:
         result = yield
-    except Exception as exc:
+    except (Exception, pytest.fail.Exception) as exc:  # pytest.fail, and pytest.raises' DID NOT RAISE
         _fail_on_misses(served, f"\n(the code under test then raised {type(exc).__name__}: {exc})")
         raise
     _fail_on_misses(served)

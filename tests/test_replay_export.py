@@ -172,10 +172,18 @@ def test_swallowed_miss(tooltap_cassette):
 def test_raised_miss(tooltap_cassette):
     client = openai.OpenAI(base_url=tooltap_cassette.url, api_key="unused", max_retries=0)
     client.chat.completions.create(**{{**REQUEST, "model": "one-more-model"}})
+
+
+def test_given_up_miss(tooltap_cassette):
+    client = openai.OpenAI(base_url=tooltap_cassette.url, api_key="unused", max_retries=0)
+    try:
+        client.chat.completions.create(**{{**REQUEST, "model": "a-third-model"}})
+    except openai.NotFoundError:
+        pytest.fail("the agent gave up")
 ''')
     r = run_pytest(module.parent, "test_my_agent.py")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "2 failed, 1 passed in" in r.stdout  # each miss once: no error at teardown besides
+    assert "3 failed, 1 passed in" in r.stdout  # each miss once: no error at teardown besides
     assert "FAILED test_my_agent.py::test_swallowed_miss" in r.stdout
     assert "(the code under test then raised NotFoundError: " in r.stdout
     assert "closest recorded request: interactions[2], POST /chat/completions (turn #3)" in r.stdout

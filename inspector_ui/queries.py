@@ -116,10 +116,10 @@ def _like(text: str) -> str:
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _json_likes(text: str) -> set[str]:
-    """Patterns for the JSON string `text` whole, as stored JSON text holds it: non-ASCII
-    as it is (orjson, the writer's) or escaped as \\uXXXX (json.dumps, older rows)."""
-    return {_like(json.dumps(text, ensure_ascii=ascii)) for ascii in (False, True)}
+def _json_strings(text: str) -> set[str]:
+    """The JSON string `text`, quotes and all, as stored JSON text holds it: non-ASCII as
+    it is (orjson, the writer's) or escaped as \\uXXXX (json.dumps, older rows)."""
+    return {json.dumps(text, ensure_ascii=escaped) for escaped in (False, True)}
 
 
 class Queries:
@@ -169,8 +169,10 @@ class Queries:
     def _conditions(self, f: Filters) -> list:
         out = []
         if f.model:
+            # Found as a substring, case and all (SQLite's LIKE ignores ASCII case, Postgres's not).
             models = func.cast(Session.models, _text_type())
-            out.append(or_(*(models.like(p, escape="\\") for p in _json_likes(f.model))))
+            find = func.instr if self.engine.dialect.name == "sqlite" else func.strpos
+            out.append(or_(*(find(models, s) > 0 for s in _json_strings(f.model))))
         if f.status == "errors":
             out.append(Session.errors > 0)
         elif f.status == "ok":

@@ -293,7 +293,8 @@ def test_filters_on_many(many):
 
 def test_the_model_filter_matches_a_whole_name_however_it_was_stored(tmp_path):
     """Non-ASCII names are stored as they are by the writer (orjson) and escaped in older
-    rows (json.dumps): both match. A name matches whole: gpt-4 is not gpt-4o."""
+    rows (json.dumps): both match. A name matches whole and in its case: gpt-4 is neither
+    gpt-4o nor GPT-4."""
     engine = make_engine(f"sqlite:///{tmp_path / 'models.db'}")
     migrate(engine)
     base = {"title": "t", "agent": "generic", "started_at": 1.0, "last_at": 1.0, "turns": 1, "tool_calls": 0,
@@ -301,7 +302,8 @@ def test_the_model_filter_matches_a_whole_name_however_it_was_stored(tmp_path):
     with engine.begin() as conn:
         conn.execute(insert(Session.__table__), [{**base, "id": "new", "models": ["modèle-ü"]},
                                                  {**base, "id": "4o", "models": ["gpt-4o"]},
-                                                 {**base, "id": "4", "models": ["gpt-4", "other"]}])
+                                                 {**base, "id": "4", "models": ["gpt-4", "other"]},
+                                                 {**base, "id": "G4", "models": ["GPT-4"]}])
         conn.execute(text("INSERT INTO sessions (id, title, agent, started_at, last_at, turns, tool_calls, "
                           "input_tokens, output_tokens, errors, models) VALUES ('old', 't', 'generic', 1, 1, 1, 0, "
                           "0, 0, 0, :m)"), {"m": json.dumps(["modèle-ü"])})
@@ -311,7 +313,7 @@ def test_the_model_filter_matches_a_whole_name_however_it_was_stored(tmp_path):
         return sorted(s["id"] for s in queries.sessions_page(Filters(model=model), None).sessions)
 
     assert ids("modèle-ü") == ["new", "old"]
-    assert ids("gpt-4") == ["4"] and ids("gpt-4o") == ["4o"]
+    assert ids("gpt-4") == ["4"] and ids("gpt-4o") == ["4o"] and ids("GPT-4") == ["G4"]  # as on Postgres
 
 
 def test_schemas_page_compares_two_stored_tool_sets(tooltap, cline):

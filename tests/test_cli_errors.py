@@ -388,3 +388,13 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path):
     assert p.returncode == 130
     assert err.splitlines() == ["Interrupted (Ctrl-C): stopped before it finished; what it had already stored is kept."]
     assert "Aborted" not in out + err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "lots"])
+def test_a_tuning_variable_that_is_not_a_finite_number_is_said_and_left_at_its_default(monkeypatch, caplog, value):
+    """TOOLTAP_WRITER_MEMORY_MB=nan ended `serve` in a traceback from int()."""
+    from proxy.store.process import env_number
+
+    monkeypatch.setenv("TOOLTAP_WRITER_MEMORY_MB", value)
+    assert env_number("TOOLTAP_WRITER_MEMORY_MB", 64.0) == 64.0
+    assert f"TOOLTAP_WRITER_MEMORY_MB='{value}' is not a finite number of 0 or more; using 64" in caplog.text

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -71,8 +72,8 @@ def env_number(name: str, default: float) -> float:
         number = float(value)
     except ValueError:
         number = -1.0
-    if number < 0:
-        log.warning("%s=%r is not a number of 0 or more; using %g", name, value, default)
+    if not 0 <= number < math.inf:  # NaN too
+        log.warning("%s=%r is not a finite number of 0 or more; using %g", name, value, default)
         return default
     return number
 

@@ -263,7 +263,7 @@ def test_images_audio_and_files_are_media_parts():
         {"type": "file", "file": {"file_id": "file-abc"}}]}]}
     assert input_messages("openai.chat", chat)[1][0]["parts"][1:] == [
         png, {"type": "uri", "modality": "image", "mime_type": None, "uri": "https://example.com/cat.jpg"},
-        {"type": "blob", "modality": "audio", "mime_type": "audio/mp3", "content": "UklGRg=="},
+        {"type": "blob", "modality": "audio", "mime_type": "audio/mpeg", "content": "UklGRg=="},
         {"type": "file", "modality": "document", "mime_type": None, "file_id": "file-abc"}]
     anthropic = {"messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
@@ -283,10 +283,12 @@ def test_images_audio_and_files_are_media_parts():
 
     big = [{"role": "user", "parts": [{"type": "text", "content": "look"},
                                       {**png, "content": "A" * (spans.CONTENT_MAX + 10)}]}]
+    big[0]["parts"].append({"type": "tool_call", "name": "t", "arguments": {"type": "blob", "content": "kept"}})
     shown = json.loads(spans._json(big))
     assert shown[0]["parts"][0] == {"type": "text", "content": "look"}
     assert shown[0]["parts"][1]["content"] == ""
     assert shown[0]["parts"][1]["tooltap.content_omitted_chars"] == spans.CONTENT_MAX + 10
+    assert shown[0]["parts"][2]["arguments"] == {"type": "blob", "content": "kept"}  # a tool's own, not a part
 
 
 def test_a_cut_answer_s_calls_are_spans_only_when_the_agent_ran_them():

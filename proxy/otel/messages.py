@@ -172,7 +172,8 @@ def _media_of(block: dict) -> list[Part]:
         url, file_id = block.get("image_url"), block.get("file_id")
     elif kind == "input_audio":
         audio = block.get("input_audio") if isinstance(block.get("input_audio"), dict) else {}
-        data, mime = audio.get("data"), f"audio/{audio.get('format') or 'wav'}"
+        fmt = audio.get("format") or "wav"
+        data, mime = audio.get("data"), "audio/mpeg" if fmt == "mp3" else f"audio/{fmt}"
     elif kind in ("file", "input_file"):  # chat's {"file": {...}}, Responses' flat fields
         inner = block.get("file") if isinstance(block.get("file"), dict) else block
         url, file_id = inner.get("file_data") or inner.get("file_url"), inner.get("file_id")

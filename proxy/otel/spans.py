@@ -349,15 +349,19 @@ def _json(value: Any) -> str:
 
 
 def _blobs_emptied(value: Any) -> Any:
-    """Messages with each blob part's content left out (and its length said), so that what
-    is cut for size is media, not the conversation, and the attribute stays JSON."""
-    if isinstance(value, list):
-        return [_blobs_emptied(v) for v in value]
-    if isinstance(value, dict):
-        if value.get("type") == "blob" and isinstance(value.get("content"), str):
-            return {**value, "content": "", "tooltap.content_omitted_chars": len(value["content"])}
-        return {k: _blobs_emptied(v) for k, v in value.items()}
-    return value
+    """Messages (or a list of parts) with each blob part's content left out, its length
+    said, so that what is cut for size is media, not the conversation, and the attribute
+    stays JSON. Only parts: a tool's arguments may hold anything."""
+    if not isinstance(value, list):
+        return value
+    out = []
+    for item in value:
+        if isinstance(item, dict) and isinstance(item.get("parts"), list):
+            item = {**item, "parts": _blobs_emptied(item["parts"])}
+        elif isinstance(item, dict) and item.get("type") == "blob" and isinstance(item.get("content"), str):
+            item = {**item, "content": "", "tooltap.content_omitted_chars": len(item["content"])}
+        out.append(item)
+    return out
 
 
 def _cap(text: str | None) -> str | None:

@@ -131,7 +131,7 @@ def server_page(request: Request, name: str):
 def message_raw(request: Request, message_id: int):
     """A recorded message as it crossed the wire (the messages table shows its start): its
     very bytes, which need not be UTF-8 (then served as bytes, for the browser to save)."""
-    body = zlib.decompress(_row(request, message_id).raw)
+    body = zlib.decompress(_stored(request, message_id).raw)
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
@@ -160,7 +160,7 @@ def call_result(request: Request, message_id: int, id: str | None = None):
     return whole(text, f"tooltap-mcp-message-{message_id}-result.txt")
 
 
-def _row(request: Request, message_id: int) -> McpMessage:
+def _stored(request: Request, message_id: int) -> McpMessage:
     found = None
     if 0 < message_id <= MAX_ID:  # beyond it the database cannot even be asked
         with DB(request.app.state.reader.engine) as db:
@@ -171,7 +171,7 @@ def _row(request: Request, message_id: int) -> McpMessage:
 
 
 def _message(request: Request, message_id: int) -> dict:
-    return read.message_json(_row(request, message_id))
+    return read.message_json(_stored(request, message_id))
 
 
 def _is_call(msg: dict) -> bool:

@@ -63,7 +63,7 @@ class TurnRecord:
     live_id: str | None = None  # names the turn in live events until it has a database id
     seq: int = 0  # the writer process's receipt number (0: none)
     uid: str = ""  # names the turn for good (turns.uid); given by the journal unless set here
-    route: str = ""  # the prefix of `path` that chose a named upstream ("/claude"); not sent upstream
+    route: str | None = ""  # the prefix of `path` that chose a named upstream ("/claude"); None: not known
 
     def iter_raw(self, size: int = 1 << 20):
         if isinstance(self.raw, bytes):

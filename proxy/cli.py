@@ -436,7 +436,7 @@ def stats(days, as_json, db_url) -> None:
     console = Console()
     console.print(f"turns {s.turns} ({s.errors} not ok), sessions {s.sessions}, blobs {s.blobs} "
                   f"({_size(s.blob_bytes)}), database {_size(s.database_bytes)}", highlight=False)
-    console.print(f"MCP messages {s.mcp_messages} ({_size(s.mcp_bytes)} as sent), servers {s.mcp_servers}, "
+    console.print(f"MCP messages {s.mcp_messages} ({_size(s.mcp_bytes)}), servers {s.mcp_servers}, "
                   f"connections {s.mcp_connections}", highlight=False)
     for label, at, none in (("first turn", s.first_at, "-"), ("last turn ", s.last_at, "-"),
                             ("pruned    ", s.pruned_at, "never")):

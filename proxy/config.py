@@ -27,7 +27,7 @@ class Upstream:
         name, sep, url = spec.partition("=")
         if not sep or "://" in name:
             name, url = None, spec
-        elif "/" + name == RESERVED_PREFIX or name.startswith("_"):
+        elif name.startswith("_"):
             raise ValueError(f"the upstream name {name!r} starts with '_', as tooltap's own paths do "
                              "(/_tooltap, /_mcp); choose another")
         elif not _NAME.match(name):

@@ -75,6 +75,13 @@ def records(har: dict, all_requests: bool = False) -> Iterator[TurnRecord | None
         yield record if all_requests or record.api != "other" else None
 
 
+def _route(ours: dict) -> str | None:
+    """Another tool's HAR names the upstream's own path (no route); an older tooltap's
+    kept the agent's path without saying which part chose the upstream (not known)."""
+    route = ours.get("route")
+    return route if isinstance(route, str) else (None if ours else "")
+
+
 def entry_record(e: dict) -> TurnRecord:
     ours = e.get(TOOLTAP_FIELD) if isinstance(e.get(TOOLTAP_FIELD), dict) else {}
     req, resp = e["request"], e.get("response") or {}
@@ -103,7 +110,7 @@ def entry_record(e: dict) -> TurnRecord:
     record = TurnRecord(
         started_at=ours.get("started_at") or _started_at(e),
         method=method, path=path, upstream=upstream,
-        route=ours["route"] if isinstance(ours.get("route"), str) else "",
+        route=_route(ours),
         request_headers=_redact([(k, v) for k, v in request_headers
                                  if k.lower() not in _DROPPED_REQUEST_HEADERS and not k.startswith(":")]),
         request_body=body, session_hint=hint, api=api, http_status=status_code,

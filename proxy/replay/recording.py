@@ -5,9 +5,10 @@ Reading the store happens here, once; everything downstream works on `Recording`
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+
+from ..apis.base import ToolCall
 
 
 class RecordingError(LookupError):
@@ -33,11 +34,8 @@ class RecordedCall:
         raw, arguments = c.get("arguments_raw") or "", c.get("arguments")
         if arguments is None and raw.strip():
             # What the store could not hold (a lone surrogate, NaN) is parsed again from the
-            # text, as the assemblers parse it: else a replay of the same bytes would differ.
-            try:
-                arguments = json.loads(raw)
-            except ValueError:
-                pass
+            # text by the assemblers' own rule: else a replay of the same bytes would differ.
+            arguments = ToolCall.from_raw(0, None, "", raw).arguments
         return cls(index=c.get("index", 0), id=c.get("id"), name=c.get("name") or "",
                    decoded=c.get("decoded"), arguments=arguments, arguments_raw=raw,
                    task_progress=c.get("task_progress"), result=c.get("result"), violations=c.get("violations") or [])

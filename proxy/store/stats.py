@@ -40,7 +40,7 @@ class Stats:
     last_at: str | None
     pruned_at: str | None
     mcp_messages: int = 0
-    mcp_bytes: int = 0  # as they crossed (stored compressed)
+    mcp_bytes: int = 0  # as recorded: decoded when the server compressed them (stored compressed)
     mcp_servers: int = 0
     mcp_connections: int = 0
     days: list[Day] = field(default_factory=list)  # oldest first, today last
@@ -69,8 +69,11 @@ def store_stats(engine: Engine, days: int = 7, now: float | None = None) -> Stat
     now = time.time() if now is None else now
     today = int(now // DAY)
     since = (today - days + 1) * DAY
-    day_of = ("CAST({} / 86400 AS INTEGER)" if engine.dialect.name == "sqlite"
-              else "CAST(floor({} / 86400) AS BIGINT)").format
+
+    def day_of(column: str) -> str:  # the UTC day number of a unix-seconds column
+        if engine.dialect.name == "sqlite":
+            return f"CAST({column} / 86400 AS INTEGER)"
+        return f"CAST(floor({column} / 86400) AS BIGINT)"
     with engine.connect() as conn:
         turns, errors, first, last = conn.execute(text(
             "SELECT count(*), coalesce(sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END), 0),"
@@ -86,9 +89,9 @@ def store_stats(engine: Engine, days: int = 7, now: float | None = None) -> Stat
         mcp, mcp_bytes, servers = conn.execute(text(
             "SELECT count(*), coalesce(sum(size), 0), count(DISTINCT server) FROM mcp_messages")).one()
         mcp_conns = conn.execute(text("SELECT count(*) FROM mcp_connections")).scalar()
-        mcp_days = dict(conn.execute(text(
+        mcp_days = {int(d): n for d, n in conn.execute(text(
             f"SELECT {day_of('at')} AS d, count(*) FROM mcp_messages WHERE at >= :since GROUP BY d"),
-            {"since": since}).all())
+            {"since": since})}
     by_day = {int(d): (n, e, w, s) for d, n, e, w, s in rows}
     out = []
     for d in range(today - days + 1, today + 1):

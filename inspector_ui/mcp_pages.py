@@ -12,18 +12,17 @@ import zlib
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
-from sqlmodel import Session as DB, select
+from sqlmodel import Session as DB
 
 from proxy.mcp import read
-from proxy.mcp.correlate import SLACK_SECONDS, for_session, links_for_turn
+from proxy.mcp.correlate import asked_by, for_session, links_for_turn
 from proxy.mcp.messages import elements, json_id
-from proxy.store.models import McpMessage, Session
+from proxy.store.models import McpMessage
 from proxy.store.read import MAX_ID
 
 from .longtext import whole
 
 router = APIRouter()
-SESSIONS_SCANNED = 50  # sessions whose time overlaps the calls shown, correlated to name their turns
 
 
 def marks(db: DB, session_id: str) -> tuple[dict[int, dict], dict[int, str]]:
@@ -49,31 +48,12 @@ def _asked_by(db: DB, calls: list[read.McpCall]) -> dict[int, dict]:
     """MCP request id -> the model call it executed, over the sessions active meanwhile."""
     from .transcript import numbers_in  # (transcript imports this module)
 
-    if not calls:
-        return {}
-    lo, hi = min(c.request_at for c in calls), max(c.request_at for c in calls)
-    sessions = db.exec(select(Session.id).where(Session.started_at <= hi, Session.last_at >= lo - SLACK_SECONDS)
-                       .order_by(Session.last_at.desc()).limit(SESSIONS_SCANNED)).all()
-    out: dict[int, dict] = {}
-    for sid in sessions:
-        for row_id, link in for_session(db, sid).links.items():
-            out.setdefault(link["message_id"], {"session_id": sid, "tool_call": row_id,
-                                                "matched_by": link["matched_by"],
-                                                "result_match": link["result_match"]})
-    turns = _turn_of(db, [v["tool_call"] for v in out.values()])
-    places = {sid: numbers_in(db, sid) for sid in {v["session_id"] for v in out.values()}}
-    for v in out.values():
-        v["turn_id"] = turns.get(v["tool_call"])
-        v["turn_n"] = places[v["session_id"]].get(v["turn_id"])  # its place in its session, as pages name it
-    return out
-
-
-def _turn_of(db: DB, row_ids: list[int]) -> dict[int, int]:
-    from proxy.store.models import ToolCallRow
-
-    if not row_ids:
-        return {}
-    return dict(db.exec(select(ToolCallRow.id, ToolCallRow.turn_id).where(ToolCallRow.id.in_(row_ids))).all())
+    asked = asked_by(db, calls)
+    places = {sid: numbers_in(db, sid) for sid in {c.session for c, _ in asked.values()}}
+    return {message_id: {"session_id": c.session, "tool_call": c.row_id, "turn_id": c.turn_id,
+                         "turn_n": places[c.session].get(c.turn_id),  # its place in its session, as pages name it
+                         "matched_by": link["matched_by"], "result_match": link["result_match"]}
+            for message_id, (c, link) in asked.items()}
 
 
 def server_report(db: DB, name: str, limit: int = 200) -> dict | None:

@@ -186,6 +186,34 @@ def test_matching_rules():
     found = correlate([a1, b1, a2, b2], on, {"weather"})[0]
     assert {k: v.message_id for k, v in found.items()} == {10: 20, 11: 21, 12: 23, 13: 22}
 
+    def of(session, *calls):
+        for c in calls:
+            c.session = session
+        return list(calls)
+
+    # A call the user denied (never sent) does not take another agent's call on that
+    # agent's connection, though its turn came first.
+    b0 = of("b", llm(30, 30, "t", {"n": 0}, 0.0, 5.0))
+    a_denied, b_same = of("a", llm(31, 31, "t", {"n": 9}, 10.0, 20.0)) + of("b", llm(32, 32, "t", {"n": 9}, 10.5, 20.0))
+    sent = [McpCall(40, "weather", "conn-b", "1", "t", {"n": 0}, None, 1.0),
+            McpCall(41, "weather", "conn-b", "2", "t", {"n": 9}, None, 11.0)]
+    found = correlate(sorted([*b0, a_denied, b_same], key=lambda c: c.turn_started), sent, {"weather"})[0]
+    assert {k: v.message_id for k, v in found.items()} == {30: 40, 32: 41}
+    # Both agents make the same first call, B's reaching its server first: A keeps to the
+    # connection its unambiguous second call proves is its own, for the first and the third.
+    calls = [*of("a", llm(50, 50, "t", {"n": 1}, 10.0, 20.0)), *of("b", llm(51, 51, "t", {"n": 1}, 10.0, 20.0)),
+             *of("a", llm(52, 52, "t", {"n": 2}, 20.0, 30.0)), *of("b", llm(53, 53, "t", {"n": 3}, 20.0, 30.0)),
+             *of("a", llm(54, 54, "t", {"n": 4}, 30.0, 40.0)), *of("b", llm(55, 55, "t", {"n": 4}, 30.0, 40.0))]
+    sent = [McpCall(60, "weather", "conn-b", "1", "t", {"n": 1}, None, 10.05),
+            McpCall(61, "weather", "conn-a", "1", "t", {"n": 1}, None, 10.1),
+            McpCall(62, "weather", "conn-a", "2", "t", {"n": 2}, None, 21.0),
+            McpCall(63, "weather", "conn-b", "2", "t", {"n": 3}, None, 21.0),
+            McpCall(64, "weather", "conn-b", "3", "t", {"n": 4}, None, 31.0),
+            McpCall(65, "weather", "conn-a", "3", "t", {"n": 4}, None, 31.2)]
+    found = correlate(calls, sent, {"weather"})[0]
+    assert {k: v.connection for k, v in found.items()} == {
+        50: "conn-a", 51: "conn-b", 52: "conn-a", 53: "conn-b", 54: "conn-a", 55: "conn-b"}
+
 
 def test_result_comparison():
     text = "Today: 68F\n" + "x" * 1000

@@ -14,14 +14,17 @@ call takes the first MCP call not yet taken that
   carries its result) started; with no next turn, within DISPATCH_SECONDS of the end of
   the turn's answer (nothing then says the agent ran the call at all: only that an agent
   runs a call the moment the answer ends).
-Among several such calls, one on a connection this session's calls already went through
-comes first: two agents side by side each have their own. And the other sessions' model
-calls of the same time are matched in the same pass, so two agents that ask for the same
-call at once do not both claim one MCP call and leave the other unasked.
+The other sessions' model calls of the same time are matched in the same pass, so two
+agents that ask for the same call at once do not both claim one MCP call. Agents side by
+side each have their own connection: a connection is a session's once a call proves it
+(by id, or as the one MCP call that only this model call fits); among several fitting
+calls, one on the session's own connection comes first, then one on a connection nobody
+owns, then another session's, when none of that session's calls still waits for it.
 The result is the decoders' pairing: the text the next turn gave the model for that
 call, compared with what the server answered (same, truncated, changed).
 
-Correlation is computed when read, per session, so it needs nothing from the order in
+Correlation is computed when read (for a session, with its contemporaries; for a
+server's page, every session of its calls' time), so it needs nothing from the order in
 which the LLM turns and the MCP messages reached the database.
 """
 
@@ -29,9 +32,11 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.orm import load_only
 from sqlmodel import Session as DB, or_, select
 
 from ..store.models import McpConnection, McpMessage, ToolCallRow, Turn
@@ -111,8 +116,10 @@ def compare_result(agent_text: str | None, mcp_text: str | None) -> str | None:
     return "changed"
 
 
-def correlate(llm: list[LlmCall], mcp: list[McpCall], known_servers: set[str]) -> tuple[dict[int, McpCall], dict[int, str]]:
-    """Model call row id -> its MCP call, and how each was matched ("meta" or "arguments")."""
+def correlate(llm: list[LlmCall], mcp: list[McpCall],
+              known_servers: set[str]) -> tuple[dict[int, McpCall], dict[int, str]]:
+    """Model call row id -> its MCP call, and how each was matched ("meta" or "arguments").
+    `llm` in time order, every session's of the time: they compete for the same calls."""
     taken: set[int] = set()
     found: dict[int, McpCall] = {}
     how: dict[int, str] = {}
@@ -124,30 +131,59 @@ def correlate(llm: list[LlmCall], mcp: list[McpCall], known_servers: set[str]) -
                 found[c.row_id], how[c.row_id] = m, "meta"
                 taken.add(m.message_id)
                 break
-    used: dict[str, set[str]] = {}  # session -> the MCP connections its calls went through
+    fits = _fits_by_call([c for c in llm if c.row_id not in found and c.arguments is not None], mcp, known_servers)
+    askers: dict[int, list[LlmCall]] = {}
     for c in llm:
-        if c.row_id in found:
-            used.setdefault(c.session, set()).add(found[c.row_id].connection)
+        for m in fits.get(c.row_id, ()):
+            askers.setdefault(m.message_id, []).append(c)
+    # Whose connection is whose: proven by an id, or by a call that only one MCP call
+    # fits and that no other model call fits. Agents side by side each have their own.
+    owners: dict[str, set[str]] = {}
     for c in llm:
-        if c.row_id in found or c.arguments is None:
+        m = found.get(c.row_id)
+        if m is None and len(fits.get(c.row_id, ())) == 1 and len(askers[fits[c.row_id][0].message_id]) == 1:
+            m = fits[c.row_id][0]
+        if m is not None:
+            owners.setdefault(m.connection, set()).add(c.session)
+    for c in llm:
+        free = [m for m in fits.get(c.row_id, ()) if m.message_id not in taken]
+        if not free:
             continue
-        fits = [m for m in mcp if m.message_id not in taken and _fits(c, m, known_servers)]
-        if not fits:
+        mine = [m for m in free if c.session in owners.get(m.connection, ())]
+        unowned = [m for m in free if not owners.get(m.connection)]
+        # Another session's connection only when none of its sessions still waits for that call.
+        theirs = [m for m in free if not any(a.session in owners.get(m.connection, ()) and a.row_id not in found
+                                             for a in askers[m.message_id] if a is not c)]
+        pick = next(iter(mine or unowned or theirs), None)
+        if pick is None:
             continue
-        mine = used.setdefault(c.session, set())
-        m = next((m for m in fits if m.connection in mine), fits[0])
-        found[c.row_id], how[c.row_id] = m, "arguments"
-        taken.add(m.message_id)
-        mine.add(m.connection)
+        found[c.row_id], how[c.row_id] = pick, "arguments"
+        taken.add(pick.message_id)
+        owners.setdefault(pick.connection, set()).add(c.session)
     return found, how
 
 
-def _fits(c: LlmCall, m: McpCall, known_servers: set[str]) -> bool:
-    """Could `m` be the run of model call `c`: the same tool and arguments, sent while due."""
-    if m.tool != c.tool or (c.server in known_servers and m.server != c.server):
-        return False
-    due = c.next_turn_at if c.next_turn_at is not None else c.turn_end + DISPATCH_SECONDS
-    return c.turn_started <= m.request_at <= due and without_added(m.arguments) == without_added(c.arguments)
+def _fits_by_call(llm: list[LlmCall], mcp: list[McpCall], known_servers: set[str]) -> dict[int, list[McpCall]]:
+    """Each model call's candidates, in time order: the MCP calls of its tool sent while it
+    was due (found by bisection: many sessions' calls are compared at once), to its server
+    when that is a recorded one, with the same arguments less what the agent adds."""
+    by_tool: dict[str, list[McpCall]] = {}
+    for m in sorted(mcp, key=lambda m: (m.request_at, m.message_id)):
+        by_tool.setdefault(m.tool, []).append(m)
+    starts = {tool: [m.request_at for m in calls] for tool, calls in by_tool.items()}
+    out: dict[int, list[McpCall]] = {}
+    for c in llm:
+        calls = by_tool.get(c.tool)
+        if not calls:
+            continue
+        due = c.next_turn_at if c.next_turn_at is not None else c.turn_end + DISPATCH_SECONDS
+        window = calls[bisect_left(starts[c.tool], c.turn_started):bisect_right(starts[c.tool], due)]
+        want = without_added(c.arguments)
+        strict = c.server in known_servers
+        hits = [m for m in window if (not strict or m.server == c.server) and without_added(m.arguments) == want]
+        if hits:
+            out[c.row_id] = hits
+    return out
 
 
 def link_json(c: LlmCall, m: McpCall, matched_by: str) -> dict:
@@ -185,10 +221,14 @@ def link_json(c: LlmCall, m: McpCall, matched_by: str) -> dict:
 
 # -- from the database -----------------------------------------------------------------------
 
+# Only what placing a call in time needs: a turn's row holds its whole answer besides.
+_TURNS = select(Turn).options(load_only(Turn.id, Turn.session_id, Turn.parent_id, Turn.status, Turn.started_at,
+                                        Turn.duration_ms))
+
 def for_session(db: DB, session_id: str) -> Correlation:
     if not _any_mcp(db):  # before reading every turn of the session: most stores have no MCP traffic
         return Correlation({}, [], [])
-    turns = db.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.id)).all()
+    turns = db.exec(_TURNS.where(Turn.session_id == session_id).order_by(Turn.id)).all()
     return _for_turns(db, turns)
 
 
@@ -197,7 +237,7 @@ def links_for_turn(db: DB, turn: Turn) -> dict[int, dict]:
     if db.exec(select(ToolCallRow.id).where(ToolCallRow.turn_id == turn.id).limit(1)).first() is None \
             or not _any_mcp(db):
         return {}  # no tool call in this turn, or no MCP traffic recorded: nothing to correlate
-    turns = db.exec(select(Turn).where(Turn.session_id == turn.session_id).order_by(Turn.id)).all()
+    turns = db.exec(_TURNS.where(Turn.session_id == turn.session_id).order_by(Turn.id)).all()
     return _for_turns(db, turns, only_turn=turn.id).links
 
 
@@ -217,7 +257,7 @@ def _for_turns(db: DB, turns: list[Turn], only_turn: int | None = None) -> Corre
         return empty
     known = {m.server for m in mcp} | _servers_alive(db, start, last_end)
     mine = {t.id for t in turns}
-    others = [c for c in _llm_calls(db, _rival_turns(db, turns[0].session_id, mcp)) if c.turn_id not in mine]
+    others = [c for c in _llm_calls(db, _turns_asking(db, mcp, besides=turns[0].session_id)) if c.turn_id not in mine]
     found, how = correlate(sorted(llm + others, key=_in_time), mcp, known)
     links = {c.row_id: link_json(c, found[c.row_id], how[c.row_id]) for c in llm
              if c.row_id in found and (only_turn is None or c.turn_id == only_turn)}
@@ -231,22 +271,37 @@ def _for_turns(db: DB, turns: list[Turn], only_turn: int | None = None) -> Corre
     return Correlation(links, unreached, unasked)
 
 
-def _rival_turns(db: DB, session_id: str, mcp: list[McpCall]) -> list[Turn]:
-    """The other sessions' turns that may have asked for one of these MCP calls (a tool
-    call whose name ends with the tool's: each agent's MCP naming does), and the turns
-    that carried their results."""
+def asked_by(db: DB, mcp: list[McpCall]) -> dict[int, tuple[LlmCall, dict]]:
+    """MCP request message id -> the model call it ran and their link,
+    every session of the calls' time matched in one pass (an MCP server's page)."""
+    if not mcp:
+        return {}
+    llm = _llm_calls(db, _turns_asking(db, mcp))
+    if not llm:
+        return {}
+    known = {m.server for m in mcp} | _servers_alive(db, llm[0].turn_started, max(c.turn_end for c in llm))
+    found, how = correlate(llm, mcp, known)
+    return {found[c.row_id].message_id: (c, link_json(c, found[c.row_id], how[c.row_id]))
+            for c in llm if c.row_id in found}
+
+
+def _turns_asking(db: DB, mcp: list[McpCall], besides: str | None = None) -> list[Turn]:
+    """The turns (but session `besides`'s) that may have asked for one of these MCP calls
+    (a tool call whose name ends with the tool's: each agent's MCP naming does), and the
+    turns that carried their results."""
     tools = {m.tool for m in mcp}
     if not tools:
         return []
     named = or_(*(ToolCallRow.name.endswith(tool, autoescape=True) for tool in tools))
     asking = (select(ToolCallRow.turn_id).join(Turn, Turn.id == ToolCallRow.turn_id)
-              .where(Turn.session_id != session_id, named,
-                     Turn.started_at >= min(m.request_at for m in mcp) - SLACK_SECONDS,
+              .where(named, Turn.started_at >= min(m.request_at for m in mcp) - SLACK_SECONDS,
                      Turn.started_at <= max(m.request_at for m in mcp)))
-    asked = db.exec(select(Turn).where(Turn.id.in_(asking))).all()
+    if besides is not None:
+        asking = asking.where(Turn.session_id != besides)
+    asked = db.exec(_TURNS.where(Turn.id.in_(asking))).all()
     if not asked:
         return []
-    carried = db.exec(select(Turn).where(Turn.parent_id.in_([t.id for t in asked]))).all()
+    carried = db.exec(_TURNS.where(Turn.parent_id.in_([t.id for t in asked]))).all()
     return list({t.id: t for t in [*asked, *carried]}.values())
 
 

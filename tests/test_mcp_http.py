@@ -191,6 +191,8 @@ def test_a_redirect_within_the_server_points_through_tooltap(make_tooltap, upstr
         tooltap = make_tooltap(upstream.url, mcp_servers=(McpUpstream("adv", f"{m.url}/mcp"),))
         r = httpx.post(f"{tooltap.url}/_mcp/adv/", content=b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
         assert r.status_code == 307 and r.headers["location"] == "/_mcp/adv"
+        tooltap.app.mcp.recorder.flush()  # the agent sends it again where it leads: it is recorded there
+        assert tooltap.api("/mcp/messages")["messages"] == []
         tooltap2 = make_tooltap(upstream.url, mcp_servers=(McpUpstream("out", m.url),))
         r = httpx.post(f"{tooltap2.url}/_mcp/out/elsewhere", content=b"{}")
         assert r.headers["location"] == "https://example.com/mcp"  # not the server's: as sent
@@ -219,10 +221,24 @@ def test_what_the_server_never_answered_is_still_recorded(make_tooltap, upstream
     assert [(m["direction"], m["note"]) for m in down] == [
         ("to_server", None), ("from_server", "tooltap's answer: the server could not be reached")]
     slow = [(m["direction"], m["note"]) for m in got if m["server"] == "slow"]
-    assert slow == [("to_server", None), ("to_server", "the agent hung up before the server answered")]
+    assert slow == [("to_server", "the agent hung up before the server answered")] * 2
+    # To a server that is down, a batch gets an error for each request in it; a
+    # notification has no answer, and its record says why it went nowhere.
+    batch = httpx.post(f"{tooltap.url}/_mcp/down", content=b'[{"jsonrpc":"2.0","id":7,"method":"ping"},'
+                       b'{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":8,"method":"a"}]')
+    assert batch.status_code == 502 and [e["id"] for e in batch.json()] == [7, 8]
+    note = httpx.post(f"{tooltap.url}/_mcp/down", content=b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    assert note.status_code == 502 and note.json()["error"]["type"] == "tooltap_proxy_error"
+    tooltap.app.mcp.recorder.flush()
+    newest = tooltap.api("/mcp/messages?server=down&limit=3")["messages"]
+    assert [(m["direction"], m["kind"], m["note"]) for m in newest] == [
+        ("to_server", "notification", "the server could not be reached"),
+        ("from_server", "batch", "tooltap's answer: the server could not be reached"),
+        ("to_server", "batch", None)]
     # An exchange outside a session is a connection of its own, ended with it (so prune can take it).
     with sqlite3.connect(tooltap.db_path) as db:
         ended = dict(db.execute("SELECT c.id, c.ended_at IS NOT NULL FROM mcp_connections c JOIN mcp_messages m"
                                 " ON m.connection = c.id WHERE m.note LIKE 'the agent hung up%'").fetchall())
-        assert list(ended.values()) == [1]
-        assert db.execute("SELECT count(*) FROM mcp_connections WHERE ended_at IS NOT NULL").fetchone()[0] == 1
+        assert sorted(ended.values()) == [0, 1]  # the one in a session goes on; the one on its own ended
+        ended = db.execute("SELECT count(*) FROM mcp_connections WHERE ended_at IS NOT NULL").fetchone()[0]
+        assert ended == 3  # that one, and the batch's and the notification's to the server that is down

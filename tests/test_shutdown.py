@@ -380,12 +380,18 @@ async def test_mcp_requests_open_at_the_stop_end_as_the_api_s_do(tmp_path, upstr
         stream = asyncio.create_task(listen())
         waiting = asyncio.create_task(client.post(f"{tt.url}/_mcp/hold", headers={"mcp-session-id": "s1"},
                                                   json={"jsonrpc": "2.0", "id": 4, "method": "tools/call"}))
+        # and a request whose body is still arriving
+        partial = socket.create_connection(("127.0.0.1", tt.port))
+        partial.sendall(b"POST /_mcp/hold HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\"")
         await asyncio.sleep(1.0)
         tt.signal(signal.SIGINT, group=True)
         await asyncio.sleep(0.5)
         tt.signal(signal.SIGINT, group=True)  # cut now
         answer = await waiting
         await stream
+        partial.settimeout(10)
+        assert partial.recv(4096).startswith(b"HTTP/1.1 503 ")
+        partial.close()
     assert await asyncio.to_thread(tt.wait, 9) == 0
     assert cut == ["RemoteProtocolError"]
     assert answer.status_code == 503 and answer.json()["id"] == 4

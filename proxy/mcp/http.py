@@ -108,7 +108,12 @@ class McpHttpProxy:
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
         url = server.url + raw_path[len(server.prefix):] + ("?" + query if query else "")
-        body, complete = await read_body(receive)
+        try:
+            body, complete = await read_body(receive)
+        except asyncio.CancelledError:  # the stop's grace ended while the body came
+            asyncio.current_task().uncancel()
+            return await _send_json(send, 503, {"error": {"type": "tooltap_shut_down",
+                                                          "message": f"{SHUT_DOWN} before the request arrived"}})
         if not complete:
             return
         at = time.time()
@@ -119,10 +124,6 @@ class McpHttpProxy:
         posted = body.strip() if method == "POST" else b""
         session = asked_session
         conn: Connection | None = None
-        if asked_session:  # recorded before the wait: a call the agent gives up on is kept, in its order
-            conn = self._connection(server, asked_session)
-            if posted:
-                self.recorder.record(conn, TO_SERVER, posted, at)
         task = asyncio.current_task()
         watcher = asyncio.create_task(_on_hang_up(receive, task))
         response = None
@@ -136,13 +137,12 @@ class McpHttpProxy:
             except _UPSTREAM_ERRORS as exc:
                 answer = _unreachable(body, f"tooltap could not reach the MCP server: {exc}")
                 if posted:
-                    conn = self._answered(conn, server, posted, at, answer, "the server could not be reached")
+                    conn = self._answered(server, session, posted, at, answer, "the server could not be reached")
                 return await _send_json(send, 502, answer)
             session = response.headers.get(SESSION_HEADER) or asked_session
-            if conn is None:
-                conn = self._connection(server, session)
-                if posted:
-                    self.recorder.record(conn, TO_SERVER, posted, at)
+            conn = self._connection(server, session)
+            if posted and not 300 <= response.status < 400:  # redirected, the agent sends it again: once is enough
+                self.recorder.record(conn, TO_SERVER, posted, at)
             # A redirect within the server points through tooltap, as the model API's do.
             kept = [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP]
             await send({"type": "http.response.start", "status": response.status,
@@ -156,7 +156,7 @@ class McpHttpProxy:
             asyncio.current_task().uncancel()
             if watcher.done():  # the agent hung up; before the server's answer began, its message is kept
                 if conn is None and posted:
-                    conn = self._connection(server, None)
+                    conn = self._connection(server, session)
                     self.recorder.record(conn, TO_SERVER, posted, at,
                                          note="the agent hung up before the server answered")
                 return
@@ -164,7 +164,7 @@ class McpHttpProxy:
                 raise ShutDown(SHUT_DOWN) from None
             answer = _unreachable(body, f"{SHUT_DOWN} before the MCP server answered")
             if posted:
-                conn = self._answered(conn, server, posted, at, answer, f"{SHUT_DOWN} before the server answered")
+                conn = self._answered(server, session, posted, at, answer, f"{SHUT_DOWN} before the server answered")
             await _send_json(send, 503, answer)
         finally:
             watcher.cancel()
@@ -173,14 +173,17 @@ class McpHttpProxy:
             if conn is not None and not session and posted:  # an exchange on its own ends with it
                 self.recorder.ended(conn, None)
 
-    def _answered(self, conn: Connection | None, server: McpUpstream, posted: bytes, at: float, answer: dict,
+    def _answered(self, server: McpUpstream, session: str | None, posted: bytes, at: float, answer,
                   why: str) -> Connection:
-        """The agent's message (unless recorded already) and the error tooltap answered in
-        the server's place, recorded as the answer it got."""
-        if conn is None:
-            conn = self._connection(server, None)
+        """The agent's message, and the JSON-RPC error tooltap answered in the server's
+        place, recorded as the answer the agent got (a notification has none: the note
+        says why it went nowhere)."""
+        conn = self._connection(server, session)
+        if isinstance(answer, list) or "jsonrpc" in answer:
             self.recorder.record(conn, TO_SERVER, posted, at)
-        self.recorder.record(conn, FROM_SERVER, json.dumps(answer).encode(), note=f"tooltap's answer: {why}")
+            self.recorder.record(conn, FROM_SERVER, json.dumps(answer).encode(), note=f"tooltap's answer: {why}")
+        else:
+            self.recorder.record(conn, TO_SERVER, posted, at, note=why)
         return conn
 
     def _connection(self, server: McpUpstream, session: str | None) -> Connection:
@@ -229,16 +232,20 @@ class McpHttpProxy:
                 self.recorder.record(conn, FROM_SERVER, data, note=f"HTTP {response.status}")
 
 
-def _unreachable(body: bytes, message: str) -> dict:
-    """The 502's body: to a JSON-RPC request, a JSON-RPC error with its id (what an MCP
-    client shows the user: it said only "Server returned an error response" otherwise)."""
+def _unreachable(body: bytes, message: str):
+    """The 502's (or the stop's 503's) body: to a JSON-RPC request, a JSON-RPC error with
+    its id, to a batch one for each request in it (what an MCP client shows the user: it
+    said only "Server returned an error response" otherwise); else tooltap's own error."""
     try:
         asked = json.loads(body)
     except ValueError:
         asked = None
-    if isinstance(asked, dict) and "id" in asked and "method" in asked:
-        return {"jsonrpc": "2.0", "id": asked["id"],
-                "error": {"code": -32000, "message": message, "data": {"type": "tooltap_proxy_error"}}}
+    errors = [{"jsonrpc": "2.0", "id": m["id"], "error": {"code": -32000, "message": message,
+                                                           "data": {"type": "tooltap_proxy_error"}}}
+              for m in (asked if isinstance(asked, list) else [asked]) if isinstance(m, dict) and "id" in m
+              and "method" in m]
+    if errors:
+        return errors if isinstance(asked, list) else errors[0]
     return {"error": {"type": "tooltap_proxy_error", "message": message}}
 
 

@@ -287,11 +287,12 @@ def _recount(conn: Connection, session_ids: list[str]) -> None:
 
 
 def _mcp(conn: Connection, params: dict, keep_errors: bool, *, delete: bool) -> tuple[int, int]:
-    """MCP messages older than the cutoff, and connections that started before it and hold
-    no message any more: (messages, connections) deleted, or that would be. A connection
-    need not have ended: an HTTP session is rarely closed, and a wrapper killed with its
-    agent never says so (one that is still open but quiet for the whole cutoff loses its
-    row; its later messages are stored and shown all the same).
+    """MCP messages older than the cutoff, and connections that hold no message any more
+    and ended before it, or, over HTTP, started before it without saying they ended (an
+    HTTP session is rarely closed; one still open but quiet for the whole cutoff loses
+    its row, its later messages are stored and shown all the same): (messages,
+    connections) deleted, or that would be. A stdio run not ended stays: its end (exit
+    code, stderr) may yet come, and is written to its row.
 
     A call goes or stays whole, its request with its answer (paired as the MCP pages pair
     them: connection and JSON-RPC id). An answer stays for its own sake (newer than the
@@ -300,7 +301,8 @@ def _mcp(conn: Connection, params: dict, keep_errors: bool, *, delete: bool) -> 
     p = {**params, "no": False}
     msgs = "mcp_messages.at < :cutoff" + (" AND mcp_messages.is_error = :no" if keep_errors else "")
     kept = _mcp_kept(conn, p, keep_errors)
-    conns = ("coalesce(mcp_connections.ended_at, mcp_connections.started_at) < :cutoff AND NOT EXISTS"
+    conns = ("(mcp_connections.ended_at < :cutoff OR mcp_connections.ended_at IS NULL"
+             " AND mcp_connections.transport = 'http' AND mcp_connections.started_at < :cutoff) AND NOT EXISTS"
              " (SELECT 1 FROM mcp_messages m WHERE m.connection = mcp_connections.id{})")
     if not delete:
         n = conn.execute(text(f"SELECT count(*) FROM mcp_messages WHERE {msgs}"), p).scalar() - len(kept)

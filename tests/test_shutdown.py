@@ -377,9 +377,15 @@ async def test_mcp_requests_open_at_the_stop_end_as_the_api_s_do(tmp_path, upstr
             except httpx.HTTPError as exc:
                 cut.append(type(exc).__name__)
 
+        async def call_over_events():  # a call the server answers over an event stream (the SDK's way)
+            async with client.stream("POST", f"{tt.url}/_mcp/long", headers={"mcp-session-id": "s1"},
+                                     json={"jsonrpc": "2.0", "id": 5, "method": "tools/call"}) as r:
+                return b"".join([chunk async for chunk in r.aiter_raw()])
+
         stream = asyncio.create_task(listen())
         waiting = asyncio.create_task(client.post(f"{tt.url}/_mcp/hold", headers={"mcp-session-id": "s1"},
                                                   json={"jsonrpc": "2.0", "id": 4, "method": "tools/call"}))
+        events = asyncio.create_task(call_over_events())
         # and a request whose body is still arriving
         partial = socket.create_connection(("127.0.0.1", tt.port))
         partial.sendall(b"POST /_mcp/hold HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\"")
@@ -389,12 +395,15 @@ async def test_mcp_requests_open_at_the_stop_end_as_the_api_s_do(tmp_path, upstr
         tt.signal(signal.SIGINT, group=True)  # cut now
         answer = await waiting
         await stream
+        last = (await events).rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
         partial.settimeout(10)
         assert partial.recv(4096).startswith(b"HTTP/1.1 503 ")
         partial.close()
     assert await asyncio.to_thread(tt.wait, 9) == 0
     assert cut == ["RemoteProtocolError"]
     assert answer.status_code == 503 and answer.json()["id"] == 4
+    # The stream ended whole, its last event the error for the call it never answered.
+    assert last.startswith(b"event: message\ndata: ") and json.loads(last.split(b"data: ", 1)[1])["id"] == 5
     assert answer.json()["error"]["message"] == "tooltap shut down before the MCP server answered"
     output = tt.output()
     no_tracebacks(output)
@@ -403,3 +412,7 @@ async def test_mcp_requests_open_at_the_stop_end_as_the_api_s_do(tmp_path, upstr
         rows = db.execute("SELECT direction, note FROM mcp_messages WHERE server = 'hold' ORDER BY seq").fetchall()
     assert rows == [("to_server", None),
                     ("from_server", "tooltap's answer: tooltap shut down before the server answered")]
+    with sqlite3.connect(tt.db) as db:
+        notes = db.execute("SELECT note FROM mcp_messages WHERE server = 'long' AND direction = 'from_server'"
+                           " AND note LIKE 'tooltap%'").fetchall()
+    assert notes == [("tooltap's answer: tooltap shut down before the server answered",)]

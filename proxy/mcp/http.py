@@ -17,7 +17,7 @@ import asyncio
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -27,7 +27,7 @@ from ..capture import Decompressor, codings
 from ..forward import SHUT_DOWN, ShutDown, UpstreamAborted, sendable
 from ..secrets import redact_url
 from ..sse import SSEDecoder
-from .messages import FROM_SERVER, TO_SERVER
+from .messages import FROM_SERVER, TO_SERVER, classify, elements, json_id
 from .store import Connection, Recorder, new_id
 
 MCP_PREFIX = "/_mcp"
@@ -128,6 +128,7 @@ class McpHttpProxy:
         watcher = asyncio.create_task(_on_hang_up(receive, task))
         response = None
         started = False
+        stream = _Stream()
         try:
             try:
                 response = await self.client.request(method, url, headers=headers, data=body or None,
@@ -148,7 +149,7 @@ class McpHttpProxy:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": sendable(response.status, kept, server, urlsplit(server.url).path)})
             started = True
-            await self._pump(response, send, conn)
+            await self._pump(response, send, conn, stream)
             if method == "DELETE" and response.status < 300:
                 self.recorder.ended(conn, None)
                 self._connections.pop((server.name, session or ""), None)
@@ -160,9 +161,19 @@ class McpHttpProxy:
                     self.recorder.record(conn, TO_SERVER, posted, at,
                                          note="the agent hung up before the server answered")
                 return
-            if started:  # a stream open at the end of the stop's grace ends abruptly, as the API's do
-                raise ShutDown(SHUT_DOWN) from None
             answer = _unreachable(body, f"{SHUT_DOWN} before the MCP server answered")
+            if started:
+                # A call answered over an event stream gets the error as the stream's last event,
+                # when the stream can take one; any other stream ends abruptly, as the API's do.
+                unanswered = stream.unanswered(answer if isinstance(answer, list) else [answer])
+                if not unanswered:
+                    raise ShutDown(SHUT_DOWN) from None
+                await send({"type": "http.response.body", "more_body": False, "body": b"".join(
+                    b"event: message\ndata: " + json.dumps(a).encode() + b"\n\n" for a in unanswered)})
+                for a in unanswered:
+                    self.recorder.record(conn, FROM_SERVER, json.dumps(a).encode(),
+                                         note=f"tooltap's answer: {SHUT_DOWN} before the server answered")
+                return
             if posted:
                 conn = self._answered(server, session, posted, at, answer, f"{SHUT_DOWN} before the server answered")
             await _send_json(send, 503, answer)
@@ -196,13 +207,14 @@ class McpHttpProxy:
                                                        url=redact_url(server.url))
         return conn
 
-    async def _pump(self, response: aiohttp.ClientResponse, send, conn: Connection) -> None:
+    async def _pump(self, response: aiohttp.ClientResponse, send, conn: Connection, stream: "_Stream") -> None:
         """The body to the agent chunk by chunk; its messages to the recorder."""
         ctype = response.headers.get("content-type", "").lower()
         sse = SSEDecoder() if "text/event-stream" in ctype else None
         whole: list[bytes] | None = [] if sse is None else None
         # The agent gets the bytes as sent; the recorder reads them decoded (the SDKs ask for gzip).
         coding = ", ".join(response.headers.getall("content-encoding", [])) or None
+        stream.events = sse is not None and coding is None
         try:
             decode = Decompressor(coding) if codings(coding) else None
         except ValueError:  # a coding we cannot undo: recorded as sent, and flagged unreadable
@@ -218,6 +230,8 @@ class McpHttpProxy:
                     for event in sse.feed(plain):
                         if event.data.strip():
                             self.recorder.record(conn, FROM_SERVER, event.data.encode(), at)
+                            stream.saw(event.data)
+                    stream.between_events = chunk.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
                 else:
                     whole.append(plain)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -230,6 +244,26 @@ class McpHttpProxy:
                 self.recorder.record(conn, FROM_SERVER, data)
             elif data and response.status >= 400:
                 self.recorder.record(conn, FROM_SERVER, data, note=f"HTTP {response.status}")
+
+
+@dataclass
+class _Stream:
+    """What the stop needs to know of an answer being relayed: whether an event can still
+    be added to it, and which requests it answered."""
+
+    events: bool = False  # an event stream, not content-encoded
+    between_events: bool = True
+    answered: set = field(default_factory=set)  # JSON-RPC ids, as json_id writes them
+
+    def saw(self, data: str) -> None:
+        for msg in elements(classify(data.encode()).json):
+            if "id" in msg and ("result" in msg or "error" in msg):
+                self.answered.add(json_id(msg["id"]))
+
+    def unanswered(self, errors: list) -> list:
+        if not (self.events and self.between_events):
+            return []
+        return [e for e in errors if "jsonrpc" in e and json_id(e["id"]) not in self.answered]
 
 
 def _unreachable(body: bytes, message: str):

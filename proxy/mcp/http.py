@@ -128,7 +128,7 @@ class McpHttpProxy:
         watcher = asyncio.create_task(_on_hang_up(receive, task))
         response = None
         started = False
-        stream = _Stream()
+        stream = _Stream(answers=method == "POST")
         try:
             try:
                 response = await self.client.request(method, url, headers=headers, data=body or None,
@@ -251,11 +251,14 @@ class _Stream:
     """What the stop needs to know of an answer being relayed: whether an event can still
     be added to it, and which requests it answered."""
 
+    answers: bool  # a POST's stream, which may answer it (the GET stream answers nothing of the agent's)
     events: bool = False  # an event stream, not content-encoded
     between_events: bool = True
     answered: set = field(default_factory=set)  # JSON-RPC ids, as json_id writes them
 
     def saw(self, data: str) -> None:
+        if not (self.answers and self.events):  # nothing to read it for: not parsed on the loop
+            return
         for msg in elements(classify(data.encode()).json):
             if "id" in msg and ("result" in msg or "error" in msg):
                 self.answered.add(json_id(msg["id"]))

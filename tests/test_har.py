@@ -40,6 +40,15 @@ def _export(db: Path, session_id: str, path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _only_entry(tooltap, path: Path) -> dict:
+    """The store's one session exported as HAR to `path`: its one entry."""
+    tooltap.flush()
+    (session,) = tooltap.api("/sessions")["sessions"]
+    _run("export", session["id"], "--db", str(tooltap.db_path), "--har", str(path))
+    (entry,) = json.loads(path.read_text(encoding="utf-8"))["log"]["entries"]
+    return entry
+
+
 def _everything(db_url: str) -> list[dict]:
     """Sessions with their turns and tool calls, without what a database assigns (ids)."""
     reader = Reader(open_database(db_url, create=False))
@@ -247,18 +256,14 @@ def test_a_gzip_request_body_is_exported_decoded_without_its_coding_and_imported
     r = httpx.post(f"{tooltap.url}/chat/completions", content=gzip.compress(body), timeout=10,
                    headers={"content-type": "application/json", "content-encoding": "gzip"})
     assert r.status_code == 200
-    tooltap.flush()
-    session = tooltap.api("/sessions")["sessions"][0]
     path, fresh = tmp_path / "z.har", f"sqlite:///{tmp_path / 'z.db'}"
-    exported = CliRunner().invoke(main, ["export", session["id"], "--db", str(tooltap.db_path), "--har", str(path)])
-    assert exported.exit_code == 0, exported.output
-    (entry,) = json.loads(path.read_text(encoding="utf-8"))["log"]["entries"]
+    entry = _only_entry(tooltap, path)
     assert "content-encoding" not in {h["name"].lower() for h in entry["request"]["headers"]}
     assert json.loads(entry["request"]["postData"]["text"]) == json.loads(body)
     assert _run("import", str(path), "--db", fresh).startswith("imported 1 turn(s)")
     reader = Reader(open_database(fresh, create=False))
     (again,) = reader.sessions()
-    assert again["title"] == session["title"] == "zipped hello"
+    assert again["title"] == tooltap.api("/sessions")["sessions"][0]["title"] == "zipped hello"
     (turn,) = reader.session(again["id"])["turns"]
     assert reader.turn(turn["id"])["request"] == json.loads(body) and not reader.turn(turn["id"])["error"]
 
@@ -276,12 +281,7 @@ def test_a_fingerprinted_query_key_stays_in_the_har_query(tooltap, upstream, tmp
     r = httpx.post(f"{tooltap.url}/v1beta/models/g:generateContent?key={key}&alt=json", timeout=10,
                    json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
     assert r.status_code == 200
-    tooltap.flush()
-    session = tooltap.api("/sessions")["sessions"][0]["id"]
-    path = tmp_path / "g.har"
-    exported = CliRunner().invoke(main, ["export", session, "--db", str(tooltap.db_path), "--har", str(path)])
-    assert exported.exit_code == 0, exported.output
-    (entry,) = json.loads(path.read_text(encoding="utf-8"))["log"]["entries"]
+    entry = _only_entry(tooltap, tmp_path / "g.har")
     url = entry["request"]["url"]
     assert "#" not in url and key not in url
     assert entry["request"]["queryString"] == [{"name": "key", "value": fingerprint(key)},
@@ -302,13 +302,10 @@ def test_a_named_upstream_s_prefix_is_not_in_the_har_url(make_tooltap, upstream,
     r = httpx.post(f"{tooltap.url}/claude/v1/messages?beta=true", timeout=10, json={
         "model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "hello"}]})
     assert r.status_code == 200 and upstream.received[-1].path == "/api/v1/messages"
-    tooltap.flush()
-    (summary,) = tooltap.api("/sessions")["sessions"]
-    turn = tooltap.api(f"/turns/{tooltap.api('/sessions/' + summary['id'])['turns'][0]['id']}")
-    assert (turn["path"], turn["route"]) == ("/claude/v1/messages?beta=true", "/claude")
     path = tmp_path / "claude.har"
-    _run("export", summary["id"], "--db", str(tooltap.db_path), "--har", str(path))
-    (entry,) = json.loads(path.read_text(encoding="utf-8"))["log"]["entries"]
+    entry = _only_entry(tooltap, path)
+    turn = tooltap.api(f"/turns/{entry['_tooltap']['turn_id']}")
+    assert (turn["path"], turn["route"]) == ("/claude/v1/messages?beta=true", "/claude")
     assert entry["request"]["url"] == f"{upstream.url}/api/v1/messages?beta=true"
     fresh = tmp_path / "fresh.db"
     _run("import", str(path), "--db", str(fresh))

@@ -304,3 +304,43 @@ def test_a_cut_answer_s_calls_are_spans_only_when_the_agent_ran_them():
     assert [s.attributes["gen_ai.tool.call.id"] for s in tool_spans(turn)] == ["call_a"]
     whole = StoredTurn(**{**turn.__dict__, "status": "ok", "error": None})
     assert [s.attributes["gen_ai.tool.call.id"] for s in tool_spans(whole)] == ["call_a", "call_b"]
+
+
+def test_content_over_the_limit_is_cut_inside_its_strings_and_stays_json():
+    """A Cline session soon carries more than 256K characters (files the agent read): the
+    longest strings are cut, each saying how long it was, so a collector still parses the
+    messages and the arguments, and every message is kept."""
+    from proxy.otel import spans
+    from proxy.otel.spans import StoredCall, tool_spans
+
+    limit = spans.CONTENT_MAX
+    file_text = "line of a big file\n" * (limit // 10)  # about twice the limit, with escapes
+    request = {"model": "m", "messages": [
+        {"role": "system", "content": "You are Cline."},
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"big.txt"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": file_text},
+        {"role": "user", "content": "now summarise " + "x" * (limit // 2)}]}
+    big_args = json.dumps({"path": "out.txt", "content": file_text})
+    turn = StoredTurn(id=1, uid=None, session_id="s", parent_id=None, agent=None, api="openai.chat",
+                      upstream="https://api.openai.com/v1", path="/chat/completions", model="m", status="ok",
+                      http_status=200, error=None, stream=True, started_at=1.0, ttft_ms=1.0, duration_ms=5.0,
+                      usage=None, request=request, response={"choices": [{"message": {"role": "assistant"}}]},
+                      params={"model": "m"},
+                      calls=[StoredCall(0, "c2", "write_to_file", None, big_args, result=None)])
+    text = chat_span(turn, content=True).attributes["gen_ai.input.messages"]
+    assert len(text) <= limit
+    shown = json.loads(text)
+    assert [m["role"] for m in shown] == ["user", "assistant", "tool", "user"]
+    assert shown[0]["parts"] == [{"type": "text", "content": "read it"}]  # short ones untouched
+    result = shown[2]["parts"][0]["response"]
+    assert result.startswith("line of a big file\n") and result.endswith(
+        f"... [cut by tooltap: {len(file_text)} characters]")
+    assert shown[3]["parts"][0]["content"].startswith("now summarise xxx")
+    args = tool_spans(turn, content=True)[0].attributes["gen_ai.tool.call.arguments"]
+    assert len(args) <= limit
+    assert json.loads(args)["path"] == "out.txt"
+    # a JSON with no long strings to cut (thousands of short messages) is cut as text, as before
+    many = [{"role": "user", "parts": [{"type": "text", "content": "short words"}]}] * (limit // 40)
+    assert spans._json(many).endswith(" characters]") and len(spans._json(many)) > limit

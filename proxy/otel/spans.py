@@ -204,7 +204,7 @@ def _tool_span(turn: StoredTurn, call: StoredCall, start: float, end: float, con
         attrs["tooltap.mcp.server"] = decoded.get("server")
         attrs["mcp.method.name"] = "tools/call"
     if content:
-        attrs["gen_ai.tool.call.arguments"] = _cap(call.arguments_raw)
+        attrs["gen_ai.tool.call.arguments"] = _arguments(call.arguments_raw)
         if isinstance(result.get("text"), str):
             attrs["gen_ai.tool.call.result"] = _cap(result["text"])
     error = None
@@ -344,8 +344,9 @@ def _content(turn: StoredTurn, response: dict) -> dict[str, Any]:
 def _json(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     if len(text) > CONTENT_MAX and '"type":"blob"' in text:  # the images go first, so the words still fit
-        text = json.dumps(_blobs_emptied(value), ensure_ascii=False, separators=(",", ":"))
-    return _cap(text)
+        value = _blobs_emptied(value)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _fitted(value, text)
 
 
 def _blobs_emptied(value: Any) -> Any:
@@ -364,10 +365,71 @@ def _blobs_emptied(value: Any) -> Any:
     return out
 
 
+def _fitted(value: Any, text: str) -> str:
+    """`text` (the JSON of `value`) within CONTENT_MAX and still JSON: its longest strings
+    (a file the agent read, a long answer) are cut to a common length, each saying so, so
+    that a collector can still parse the messages and every one of them is kept."""
+    if len(text) <= CONTENT_MAX:
+        return text
+    lengths = sorted((len(s) for s in _strings(value)), reverse=True)
+    need = len(text) - CONTENT_MAX
+    low, high = _SHORTEST_CUT, lengths[0] if lengths else 0
+    if _saved(lengths, low) < need:  # no room in its strings: cut the text as before
+        return _cap(text)
+    while low < high:  # the longest length to cut to that saves enough
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if _saved(lengths, mid) >= need else (low, mid - 1)
+    fitted = json.dumps(_cut_strings(value, low), ensure_ascii=False, separators=(",", ":"))
+    return fitted if len(fitted) <= CONTENT_MAX else _cap(fitted)
+
+
+_SHORTEST_CUT = 64  # shorter strings are names, ids and roles: never cut
+_CUT_NOTE = "... [cut by tooltap: {} characters]"
+_NOTE_MAX = len(_CUT_NOTE) + 8  # with its count of characters filled in
+
+
+def _saved(lengths: list[int], keep: int) -> int:
+    """Characters saved by cutting every string longer than `keep` to it, its note added.
+    Counted on the strings as text: their JSON escapes only make the saving larger."""
+    return sum(n - keep - _NOTE_MAX for n in lengths if n > keep + _NOTE_MAX)
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _cut_strings(value: Any, keep: int) -> Any:
+    if isinstance(value, str):
+        return value[:keep] + _CUT_NOTE.format(len(value)) if len(value) > keep + _NOTE_MAX else value
+    if isinstance(value, dict):
+        return {k: _cut_strings(v, keep) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_strings(v, keep) for v in value]
+    return value
+
+
+def _arguments(raw: str | None) -> str | None:
+    """A call's arguments, cut as the messages are when they are JSON."""
+    if raw is None or len(raw) <= CONTENT_MAX:
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return _cap(raw)
+    return _fitted(value, json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
 def _cap(text: str | None) -> str | None:
     if text is None or len(text) <= CONTENT_MAX:
         return text
-    return text[:CONTENT_MAX] + f"... [cut by tooltap: {len(text)} characters]"
+    return text[:CONTENT_MAX] + _CUT_NOTE.format(len(text))
 
 
 def _number(value: Any) -> int | float | None:

@@ -390,3 +390,20 @@ def test_arguments_the_store_could_not_hold_are_expected_as_sent(tooltap, upstre
                                        "--db", f"sqlite:///{tooltap.db_path}"])
     assert report.exit_code == 0 and "\u202e" not in report.output, report.output
     assert json.loads(report.output)["turns"][0]["recorded_calls"][2]["arguments"]["cmd"] == "safe \u202erm"
+
+
+def test_a_request_without_a_body_replays_without_one(tooltap, upstream, tmp_path):
+    """The openai SDK's `models.list()` is a GET with no body: the exported test sends it
+    without one (it sent the text `null`, missed the cassette, and failed as written)."""
+    import openai
+
+    upstream.routes["/models"] = Reply.json({"object": "list", "data": [{"id": "fake-1", "object": "model"}]})
+    client = openai.OpenAI(base_url=tooltap.url, api_key="sk-test", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["fake-1"]
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]["id"]
+    out = CliRunner().invoke(main, ["export", session, "--pytest", str(tmp_path),
+                                    "--db", f"sqlite:///{tooltap.db_path}"])
+    assert out.exit_code == 0, out.output
+    r = run_pytest(tmp_path)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr

@@ -238,6 +238,7 @@ class StreamAssembly:
     def __init__(self, api: apis.WireAPI, content_encoding: str | None) -> None:
         self.api = api
         self.error: str | None = None
+        self.events = 0  # none in a whole stream: it was no event stream at all (flagged)
         self._sse: SSEDecoder | None = SSEDecoder()
         self._assembler = api.new_assembler()
         self._decompress = None
@@ -252,6 +253,7 @@ class StreamAssembly:
             return
         try:
             for event in self._sse.feed(self._decompress(chunk) if self._decompress else chunk):
+                self.events += 1
                 self._assembler.feed(event)
         except Exception as exc:
             self._fail(exc)
@@ -269,6 +271,7 @@ class StreamAssembly:
         if events is None:
             self.feed(stream)
             return
+        self.events += len(events)
         try:
             feed(events)
         except Exception as exc:
@@ -286,6 +289,7 @@ class StreamAssembly:
         if self._sse is not None:
             try:
                 for event in self._sse.close():
+                    self.events += 1
                     self._assembler.feed(event)
             except Exception as exc:
                 self._fail(exc)
@@ -298,6 +302,8 @@ class StreamAssembly:
         if rec.unparsed_events:
             self.error = "; ".join(filter(None, [
                 self.error, f"capture: {rec.unparsed_events} event(s) were not JSON (kept in the raw bytes)"]))
+        if not self.events and not self.error and rec.raw_size:
+            self.error = f"capture: no events in the {rec.raw_size}-byte event stream (kept in the raw bytes)"
         if self.error:
             rec.error = f"{rec.error}; {self.error}" if rec.error else self.error
 

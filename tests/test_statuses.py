@@ -269,6 +269,20 @@ def test_unparseable_stream_events_are_flagged_and_kept_raw(tooltap, upstream):
     assert httpx.get(f"{tooltap.url}/_tooltap/api/turns/{turn['id']}/raw").content == body
 
 
+@pytest.mark.parametrize("body", [b"garbage, not an event stream\n", b": ping\n\n: ping\n\n"],
+                         ids=["no-sse", "pings-only"])
+def test_an_event_stream_without_events_is_flagged(tooltap, upstream, body):
+    """A 200 `text/event-stream` that holds no event (a misconfigured provider, a gateway's
+    page under the wrong type, keep-alives and nothing else) was stored `ok` with an empty
+    answer; it is flagged, and its bytes are kept."""
+    upstream.routes["/chat/completions"] = Reply.sse(body)
+    r = httpx.post(f"{tooltap.url}/chat/completions", json=REQ)
+    assert r.content.startswith(body)
+    turn = only_turn(tooltap)
+    assert turn["status"] == "ok" and f"no events in the {len(r.content)}-byte event stream" in turn["error"]
+    assert httpx.get(f"{tooltap.url}/_tooltap/api/turns/{turn['id']}/raw").content == r.content
+
+
 def test_options_star_is_answered_and_recorded(tooltap, upstream):
     host, port = tooltap.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as s:

@@ -37,8 +37,16 @@ db_changed_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", show_env
 _BARE_GROUP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 and later
 
 
+INTERRUPTED = "tooltap.interrupted"  # ctx.meta: what a command stopped by Ctrl-C leaves behind
+
+
+def on_interrupt(leaves: str) -> None:
+    """Say, in the command running, what a Ctrl-C leaves behind (told after "stopped")."""
+    click.get_current_context().meta[INTERRUPTED] = leaves
+
+
 @contextlib.contextmanager
-def _said_in_one_line():
+def _said_in_one_line(ctx: click.Context | None = None):
     try:
         yield
     except _BARE_GROUP as exc:  # a group run bare: its help, as `--help` gives it
@@ -53,8 +61,8 @@ def _said_in_one_line():
         # this is said would be a traceback.
         with contextlib.suppress(ValueError):  # (only the main thread may set it)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        click.echo("Interrupted (Ctrl-C): stopped before it finished; what it had already stored is kept.",
-                   err=True)
+        leaves = ctx.meta.get(INTERRUPTED) if ctx is not None else None
+        click.echo(f"Interrupted (Ctrl-C): stopped before it finished{'; ' + leaves if leaves else ''}.", err=True)
         raise click.exceptions.Exit(130) from None
 
 
@@ -66,7 +74,7 @@ class _Commands(click.Group):
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx):
-        with _said_in_one_line():
+        with _said_in_one_line(ctx):
             return super().invoke(ctx)
 
 
@@ -334,6 +342,7 @@ def redecode(db_url) -> None:
     """Decode every stored session again (after upgrading tooltap's decoders).
 
     Safe while `tooltap serve` runs: each session is decoded and committed on its own."""
+    on_interrupt("the sessions decoded so far keep their new decoding")
     from sqlmodel import Session as DB, select
 
     from .store.decoding import BlobCache, decode_sessions
@@ -375,6 +384,7 @@ def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
     """Delete old turns, and the sessions, messages and blobs nothing else uses.
 
     Safe while `tooltap serve` runs: it works in short transactions the writer waits for."""
+    on_interrupt("what it had deleted is gone, the rest is kept")
     from rich.console import Console
     from rich.progress import Progress
 

@@ -83,6 +83,7 @@ class TooltapServer(uvicorn.Server):
         # Whether the stop is logged: not for the servers a replay or the demo runs inside
         # a process, whose log is `tooltap serve`'s or the demo's own.
         self.say = log.info if announce else log.debug
+        self.warn = log.warning if announce else log.debug
         self.on_stop = on_stop  # told the monotonic time by which the stop must be done
         self.stop_signal: int | None = None
         self.stop_began: float | None = None
@@ -133,7 +134,7 @@ class TooltapServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         tasks = list(state.tasks)
         if tasks:
-            log.warning("cutting %d open request(s) (each recorded with \"tooltap shut down\")", len(tasks))
+            self.warn("cutting %d open request(s) (each recorded with \"tooltap shut down\")", len(tasks))
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks, timeout=max(0.5, (deadline - time.monotonic()) / 3))

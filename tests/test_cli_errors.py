@@ -386,7 +386,8 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path):
     finally:
         os.close(writer)
     assert p.returncode == 130
-    assert err.splitlines() == ["Interrupted (Ctrl-C): stopped before it finished; what it had already stored is kept."]
+    assert err.splitlines() == ["Interrupted (Ctrl-C): stopped before it finished; what it had stored is kept, "
+                                "and importing the file again stores the rest."]
     assert "Aborted" not in out + err
 
 

@@ -344,3 +344,20 @@ def test_content_over_the_limit_is_cut_inside_its_strings_and_stays_json():
     # a JSON with no long strings to cut (thousands of short messages) is cut as text, as before
     many = [{"role": "user", "parts": [{"type": "text", "content": "short words"}]}] * (limit // 40)
     assert spans._json(many).endswith(" characters]") and len(spans._json(many)) > limit
+
+
+def test_ctrl_c_says_what_was_sent_not_stored(tmp_path_factory, monkeypatch):
+    """`otel export` stores nothing: stopped by Ctrl-C, it says where its spans went."""
+    from proxy.otel import sdk
+
+    db, _ = recorded_cline_db(tmp_path_factory)
+
+    def interrupted(spans, url):
+        next(iter(spans))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sdk, "send", interrupted)
+    out = CliRunner().invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", "http://127.0.0.1:9"])
+    assert out.exit_code == 130
+    assert out.output.strip() == ("Interrupted (Ctrl-C): stopped before it finished; "
+                                  "the spans sent before it are at the collector.")

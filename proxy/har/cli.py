@@ -61,8 +61,11 @@ def import_command(path, db_url, all_requests) -> None:
 
     Model calls are reassembled, decoded and threaded into sessions as if they had passed
     through tooltap; importing the same file again stores nothing twice."""
+    from ..cli import on_interrupt
     from ..store.db import DatabaseUnavailable
     from .load import import_har
+
+    on_interrupt("what it had stored is kept, and importing the file again stores the rest")
 
     try:
         done = import_har(path, db_url, all_requests=all_requests)

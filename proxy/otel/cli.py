@@ -91,6 +91,7 @@ def export_cmd(session_ids, db_url, endpoint, content) -> None:
     """Send stored sessions (default: all) to an OTLP collector, one trace per session.
 
     Sending a session again gives the same trace and span ids."""
+    from ..cli import on_interrupt
     from ..store.db import DatabaseUnavailable, open_database
     from .sdk import ExportFailed, send
     from .source import session_ids as stored_ids, session_turns
@@ -98,6 +99,7 @@ def export_cmd(session_ids, db_url, endpoint, content) -> None:
 
     if not endpoint:
         raise click.UsageError("give --otlp-endpoint URL (or set OTEL_EXPORTER_OTLP_ENDPOINT)")
+    on_interrupt("the spans sent before it are at the collector")
     _require_sdk()
     try:
         engine = open_database(db_url, create=False)

@@ -151,6 +151,9 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
     if recorded == bool(url):
         raise click.UsageError("give either --recorded or --against URL")
     _refuse_other_mode(recorded)
+    from ..cli import on_interrupt
+
+    on_interrupt("no run was saved" if record_run else "")
     try:
         per_tool = dict(_pair(t, "--tool-args", "TOOL=MODE") for t in tool_args)
         rules = Rules(order=order, args=arg_mode, per_tool=per_tool, ignore=tuple(ignore))

@@ -148,8 +148,10 @@ class Forwarder:
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         route = self.settings.resolve(raw_path)
         if route is None:
-            await _send_json(send, 404, {"error": {"type": "tooltap_no_upstream",
-                                                   "message": f"no upstream serves {raw_path}"}})
+            served = ", ".join(f"{up.prefix}/..." for up in self.settings.upstreams)
+            await _send_json(send, 404, {"error": {"type": "tooltap_no_upstream", "message": (
+                f"no upstream serves {raw_path}; this tooltap serves {served}: "
+                "end the client's base URL with one of those prefixes")}})
             return
         upstream, upstream_path = route
         started_at = time.time()

@@ -195,6 +195,16 @@ def test_named_upstreams(make_tooltap, upstream):
             "/deep/chat/completions": "openai.chat"}
 
 
+def test_named_upstreams_only_a_path_outside_them_is_told_which_prefixes_exist(make_tooltap, upstream):
+    """The newcomer's mistake: the client's base URL without the upstream's prefix."""
+    tt = make_tooltap(f"oa={upstream.url}", f"claude={upstream.url}")
+    r = httpx.post(f"{tt.url}/chat/completions", json={})
+    assert r.status_code == 404 and upstream.received == []
+    assert r.json()["error"] == {"type": "tooltap_no_upstream", "message": (
+        "no upstream serves /chat/completions; this tooltap serves /oa/..., /claude/...: "
+        "end the client's base URL with one of those prefixes")}
+
+
 def test_reserved_prefix_is_not_forwarded(tooltap, upstream):
     assert httpx.get(f"{tooltap.url}/_tooltap/api/turns").json() == {"turns": []}
     assert httpx.get(f"{tooltap.url}/_tooltap/api/nope").status_code == 404

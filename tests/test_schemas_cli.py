@@ -188,3 +188,16 @@ def test_help_names_every_source_a_tool_set_is_read_from(tmp_path):
     assert shown.exit_code == 0 and "* state: string" in shown.output
     changed = run("diff", "mcp:weather@1", "mcp:weather", "--db", db_url)  # a required argument added: breaking
     assert changed.exit_code == 1 and "state" in changed.output
+
+
+def test_a_tool_set_from_standard_input_and_a_file_that_is_not_utf8(tmp_path):
+    """`-` reads the tools from a pipe; a file that is not UTF-8 is one line, not a traceback."""
+    tools = [{"type": "function", "function": {"name": "get_forecast", "description": "d",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    r = RUNNER.invoke(schemas, ["convert", "--to", "anthropic", "-"], input=json.dumps(tools))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)[0]["name"] == "get_forecast"
+    bad = tmp_path / "tools.json"
+    bad.write_bytes(b"\xff\xfe[]")
+    r = run("show", bad)
+    assert r.exit_code == 2 and f"{bad}: not UTF-8 (invalid start byte at byte 0)" in r.stderr

@@ -57,7 +57,7 @@ def schemas() -> None:
 
     \b
     A tool set is read from:
-      FILE                  JSON or JSONL, any provider's format
+      FILE                  JSON or JSONL, any provider's format (-: standard input)
       turn:<id>             the tools a recorded turn offered the model
       session:<id>          the newest tools array of a recorded session
       mcp:NAME              the newest tools/list answer of MCP server NAME

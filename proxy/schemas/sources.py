@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,11 +119,16 @@ def from_document(doc: Any, source: str = "<document>") -> ToolSet:
 
 
 def from_file(path: str | Path) -> ToolSet:
-    p = Path(path)
+    """A JSON or JSONL file of tools; `-` reads standard input."""
     try:
-        text = p.read_text(encoding="utf-8")
+        if str(path) == "-":
+            path, text = "<stdin>", sys.stdin.buffer.read().decode("utf-8")
+        else:
+            text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise SourceError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

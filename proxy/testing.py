@@ -196,18 +196,29 @@ def pytest_runtest_call(item):
     try:
         result = yield
     except (Exception, pytest.fail.Exception) as exc:  # pytest.fail, and pytest.raises' DID NOT RAISE
-        _fail_on_misses(served, f"\n(the code under test then raised {type(exc).__name__}: {exc})")
-        raise
-    _fail_on_misses(served)
-    return result
+        missed = _misses(served)
+        if missed is None:
+            raise
+        # Its first line only: an SDK's error repeats the cassette's answer, the miss itself.
+        said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        missed += f"\n(the code under test then raised {type(exc).__name__}{': ' + said if said else ''})"
+    else:
+        missed = _misses(served)
+        if missed is None:
+            return result
+    # Failed out here, not in the handler above: pytest would print the miss again with
+    # every exception it chained to.
+    pytest.fail(missed, pytrace=False)
 
 
-def _fail_on_misses(served, then: str = "") -> None:
+def _misses(served) -> str | None:
+    """The misses not reported yet, said; None when there are none."""
     if isinstance(served, ServedCassette):
         try:
             served.check()
         except CassetteMiss as exc:
-            pytest.fail(str(exc) + then, pytrace=False)
+            return str(exc)
+    return None
 
 
 @pytest.fixture
@@ -228,7 +239,6 @@ def tooltap_cassette(request) -> Iterator[ServedCassette]:
         pytest.fail(f"tooltap_cassette: {exc}", pytrace=False)
     with serve_cassette(cassette, ignore=mark.kwargs.get("ignore"), speed=mark.kwargs.get("speed", 0.0)) as served:
         yield served
-        try:
-            served.check()
-        except CassetteMiss as exc:
-            pytest.fail(str(exc), pytrace=False)
+        missed = _misses(served)
+        if missed is not None:
+            pytest.fail(missed, pytrace=False)

@@ -361,3 +361,32 @@ def test_ctrl_c_says_what_was_sent_not_stored(tmp_path_factory, monkeypatch):
     assert out.exit_code == 130
     assert out.output.strip() == ("Interrupted (Ctrl-C): stopped before it finished; "
                                   "the spans sent before it are at the collector.")
+
+
+def test_a_collector_that_keeps_answering_503_is_named_with_its_status(tmp_path_factory):
+    """The exporter retries a 503, then says only "timeout, max retries or shutdown": the
+    one line says what the collector answered."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    class Unavailable(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server API
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(503)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    db, _ = recorded_cline_db(tmp_path_factory)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        out = CliRunner().invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", url])
+    finally:
+        server.shutdown()
+    assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1, out.output
+    assert f"the collector at {url}/v1/traces did not take the spans (Service Unavailable, still after retries)" \
+        in out.output

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Iterable
 
@@ -140,6 +141,17 @@ class _Heard(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.last: str | None = None
+        self._transient: str | None = None  # the status a retried answer had (a 503)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.last = record.getMessage().splitlines()[0][:300]
+        said = record.getMessage().splitlines()[0][:300]
+        transient = _TRANSIENT.match(said)
+        if transient:
+            self._transient = transient.group(1)
+        # The exporter's last word after its retries names no cause: the answers it retried do.
+        self.last = (f"{self._transient}, still after retries" if self._transient and _GAVE_UP in said
+                     else said)
+
+
+_TRANSIENT = re.compile(r"Transient error (.+?) encountered while exporting")
+_GAVE_UP = "max retries or shutdown"

@@ -319,6 +319,7 @@ def test_a_server_with_no_answered_call_says_so(make_tooltap, upstream, page):
     page.goto(f"{tooltap.url}/_tooltap/mcp/weather")
     facts = page.locator("[data-testid=mcp-facts]").inner_text()
     assert "latency: no answered calls" in facts and " ms" not in facts, facts
+    assert facts.startswith("1 message · 1 tools/call · 0 errors"), facts  # counted in words that agree
     assert page.locator("[data-testid=mcp-calls]").inner_text().count("no answer") == 1
     report = tooltap.api("/mcp/servers/weather")
     assert report["latency"] == {"count": 0, "median_ms": None, "p95_ms": None, "max_ms": None}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from proxy.store.process import NICENESS
 from tests.conftest import locked_sqlite
 from tests.test_journal import one_turn_stored, reply, serve, stored  # noqa: F401 (serve: a fixture)
 
@@ -117,7 +118,7 @@ def scheduling(pid: int) -> set[tuple[int, int]]:
 def test_the_writer_runs_nicer_than_the_proxy_or_idle_when_asked(tmp_path, upstream, serve):
     upstream.routes["/chat/completions"] = reply()
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    for env, expected in [({}, {(os.SCHED_OTHER, min(19, ours + 10))}),
+    for env, expected in [({}, {(os.SCHED_OTHER, min(19, ours + NICENESS))}),
                           ({"TOOLTAP_WRITER_NICE": "idle"}, {(os.SCHED_IDLE, ours)})]:
         s = serve(tmp_path / f"{len(env)}.db", env=env)
         s.post(0)

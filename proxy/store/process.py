@@ -15,7 +15,7 @@ live events of stored turns.
 
 `WriterProcess` has the interface of `writer.Writer`, which runs inside the child.
 Settings (environment): TOOLTAP_FSYNC_MS (200), TOOLTAP_WRITER_MEMORY_MB (64),
-TOOLTAP_WRITER_NICE (10: how much lower the writer's priority is than the proxy's;
+TOOLTAP_WRITER_NICE (19: how much lower the writer's priority is than the proxy's;
 `idle`: SCHED_IDLE, only the CPU time nothing else wants),
 TOOLTAP_JOURNAL (the journal's folder; default beside the spool),
 TOOLTAP_JOURNAL_SEGMENT_MB (8; two segments are reserved on disk ahead of need).
@@ -46,7 +46,7 @@ from .writer import Rate
 
 log = logging.getLogger("tooltap.store")
 
-NICENESS = 10
+NICENESS = 19  # agents first when they fill the cores; other work can make turns seconds late
 MEMORY_BYTES = 64 << 20
 POLL_SECONDS = 0.05  # how often the writer looks for new turns in the journal
 _context = mp.get_context("spawn")  # the parent has threads and an event loop: never fork it
@@ -284,7 +284,7 @@ class _Events:
 
 def _step_aside() -> None:
     """Lower this process's priority below the proxy's (its threads, started later, inherit
-    it): TOOLTAP_WRITER_NICE steps nicer, 10 by default (0: the proxy's priority, as the
+    it): TOOLTAP_WRITER_NICE steps nicer, 19 by default (0: the proxy's priority, as the
     writer benchmarks run), or `idle` for SCHED_IDLE (Linux): only the CPU time nothing
     else wants. Such a writer stores nothing while every core is busy (an agent's build,
     its tests, or agents' requests back to back), and its turns reach the inspector when

@@ -64,6 +64,23 @@ def tooltap_cmd() -> list[str]:
     return [sys.executable, "-m", "proxy"]
 
 
+def captured(body: bytes, chunks, path: str = "/chat/completions"):
+    """One Chat Completions turn as the hot path captures it: `body` sent, the event
+    stream's `chunks` answered. The TurnRecord the writer is handed."""
+    from proxy import apis
+    from proxy.capture import Capture, TurnRecord
+
+    api = apis.by_name("openai.chat")
+    cap = Capture(TurnRecord(started_at=time.time(), method="POST", path=path, upstream="http://upstream",
+                             request_headers=[("content-type", "application/json"),
+                                              ("authorization", "Bearer sk-bench")],
+                             request_body=body, api=api.name), api)
+    cap.response_started(200, [("content-type", "text/event-stream")], "text/event-stream")
+    for chunk in chunks:
+        cap.feed(chunk)
+    return cap.finish()
+
+
 def start_upstream(port: int, *args: str) -> subprocess.Popen:
     """bench/upstream.py, listening on `port`."""
     proc = subprocess.Popen([sys.executable, str(BENCH / "upstream.py"), "--port", str(port), *args],

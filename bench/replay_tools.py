@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, machine, median, table, tooltap_cmd, write_results
+from common import REPO, captured, machine, median, table, tooltap_cmd, write_results
 
 FIXTURE = REPO / "tests" / "fixtures" / "cline-weather"
 TASK = "华盛顿明天天气如何？".encode()
@@ -60,24 +60,14 @@ def session_turns(i: int, uids: int) -> list[tuple[bytes, bytes]]:
 
 
 def fill(db: Path, sessions: int, uids: int) -> dict:
-    from proxy import apis
-    from proxy.capture import Capture, TurnRecord
     from proxy.store.writer import Writer
 
-    api = apis.detect("POST", "/chat/completions")
     writer = Writer(f"sqlite:///{db}", spool_path=str(db.parent / "spool.jsonl"))
     writer.start()
     t0 = time.perf_counter()
     for i in range(sessions):
         for body, sse in session_turns(i, uids):
-            cap = Capture(TurnRecord(started_at=time.time(), method="POST", path="/chat/completions",
-                                     upstream="http://upstream", request_body=body, api=api.name,
-                                     request_headers=[("content-type", "application/json"),
-                                                      ("authorization", "Bearer sk-bench")]), api)
-            cap.response_started(200, [["content-type", "text/event-stream"]], "text/event-stream", None)
-            for k in range(0, len(sse), 512):  # network-sized chunks
-                cap.feed(sse[k:k + 512])
-            writer.submit(cap.finish())
+            writer.submit(captured(body, (sse[k:k + 512] for k in range(0, len(sse), 512))))  # network-sized
         if i % 100 == 99:
             writer.flush(120)
     writer.flush(300)

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import httpx
 
-from common import free_port, machine, median, start_tooltap, start_upstream, stop, table, write_results
+from common import (captured, free_port, machine, median, start_tooltap, start_upstream, stop, table,
+                    write_results)
 from upstream import chat_stream
 
 TARGET_RATIO = 0.15
@@ -157,22 +158,8 @@ def size_run(bodies: list[bytes], tmp: Path) -> dict:
 
 def captured_records(bodies: list[bytes]):
     """TurnRecords made the way the hot path makes them, the response fed event by event."""
-    from proxy import apis
-    from proxy.capture import Capture, TurnRecord
-
-    api = apis.detect("POST", "/v1/chat/completions")
     events = chat_stream(RESPONSE_EVENTS, 200)
-    records = []
-    for body in bodies:
-        cap = Capture(TurnRecord(started_at=time.time(), method="POST", path=PATH, upstream="http://upstream",
-                                 request_headers=[("content-type", "application/json"),
-                                                  ("authorization", "Bearer sk-bench")],
-                                 request_body=body, api=api.name), api)
-        cap.response_started(200, [["content-type", "text/event-stream"]], "text/event-stream", None)
-        for ev in events:
-            cap.feed(ev)
-        records.append(cap.finish())
-    return records
+    return [captured(body, events, PATH) for body in bodies]
 
 
 def writer_run(bodies: list[bytes], tmp: Path, per_turn_batches: bool) -> dict:

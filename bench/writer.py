@@ -45,7 +45,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from common import REPO, machine, median, py_spy, table, thread_cpu_seconds, write_results
+from common import REPO, captured, machine, median, py_spy, table, thread_cpu_seconds, write_results
 
 sys.path.insert(0, str(REPO))
 TARGET = 500.0
@@ -73,17 +73,7 @@ def answer(events: tuple[bytes, ...], t: int) -> tuple[bytes, ...]:
 def capture(body: bytes, events) -> object:
     from storage import PATH
 
-    from proxy import apis
-    from proxy.capture import Capture, TurnRecord
-
-    cap = Capture(TurnRecord(started_at=time.time(), method="POST", path=PATH, upstream="http://upstream",
-                             request_headers=[("content-type", "application/json"),
-                                              ("authorization", "Bearer sk-bench")],
-                             request_body=body, api="openai.chat"), apis.by_name("openai.chat"))
-    cap.response_started(200, [["content-type", "text/event-stream"]], "text/event-stream", None)
-    for ev in events:
-        cap.feed(ev)
-    return cap.finish()
+    return captured(body, events, PATH)
 
 
 class Run:

@@ -135,7 +135,7 @@ def test_export_after_the_fact_with_and_without_content(receiver, tmp_path_facto
     first = receiver.wait_for(7)
     assert not [k for s in first for k in s.attributes if k in CONTENT_KEYS]
 
-    full = runner.invoke(main, ["otel", "export", session_id, "--db", str(db), "--otlp-endpoint",
+    full = runner.invoke(main, ["otel", "export", session_id[:6], "--db", str(db), "--otlp-endpoint",  # its start
                                 receiver.url + "/v1/traces", "--otlp-content"])
     assert full.exit_code == 0, full.output
     second = receiver.wait_for(14)[7:]

@@ -410,3 +410,36 @@ def test_a_request_without_a_body_replays_without_one(tooltap, upstream, tmp_pat
     assert out.exit_code == 0, out.output
     r = run_pytest(tmp_path)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_session_is_named_by_the_first_characters_of_its_id(tooltap, upstream, tmp_path):
+    """As git takes a commit's prefix: export, replay and HAR take a session id's first
+    four characters or more when they name one session, and say so when they name several."""
+    from sqlmodel import Session as DB, create_engine
+
+    from proxy.store.models import Session
+
+    upstream.routes["/chat/completions"] = Reply.json({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "Hello."}, "finish_reason": "stop"}]})
+    r = httpx.post(f"{tooltap.url}/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": "first"}]})
+    assert r.status_code == 200
+    tooltap.flush()
+    session = tooltap.api("/sessions")["sessions"][0]["id"]
+    db = ["--db", f"sqlite:///{tooltap.db_path}"]
+    out = CliRunner().invoke(main, ["export", session[:6], "--har", str(tmp_path / "s.har"), *db])
+    assert out.exit_code == 0, out.output
+    har = json.loads((tmp_path / "s.har").read_text())
+    assert har["log"]["entries"][0]["_tooltap"]["session_id"] == session
+    replay = CliRunner().invoke(main, ["replay", "session", session[:8], "--recorded", *db])
+    assert replay.exit_code == 0, replay.output
+    short = CliRunner().invoke(main, ["export", session[:3], "--har", str(tmp_path / "t.har"), *db])
+    assert short.exit_code == 2 and f"no session '{session[:3]}'" in short.output
+    with DB(create_engine(f"sqlite:///{tooltap.db_path}")) as s:  # two sessions that start alike
+        s.add_all([Session(id="abcd1111", started_at=1.0, last_at=1.0),
+                   Session(id="abcd2222", started_at=1.0, last_at=1.0)])
+        s.commit()
+    both = CliRunner().invoke(main, ["export", "abcd", "--har", str(tmp_path / "u.har"), *db])
+    assert both.exit_code == 2
+    assert "'abcd' begins more than one session (abcd1111, abcd2222): give more of the id" in both.output
+    assert not (tmp_path / "u.har").exists()

@@ -20,8 +20,12 @@ from . import TOOLTAP_FIELD, HarError
 
 def session_har(reader: Reader, session_id: str) -> dict:
     reader = Reader(reader.engine, cache_blobs=True)  # every request repeats the messages before it
+    try:
+        session_id = reader.full_session_id(session_id)
+    except LookupError as exc:
+        raise HarError(str(exc)) from None
     session = reader.session(session_id)
-    if session is None:
+    if session is None:  # pruned meanwhile
         raise HarError(f"no session {session_id!r} in this database")
     from sqlmodel import Session as DB, select
 

@@ -93,6 +93,7 @@ def export_cmd(session_ids, db_url, endpoint, content) -> None:
     Sending a session again gives the same trace and span ids."""
     from ..cli import on_interrupt
     from ..store.db import DatabaseUnavailable, open_database
+    from ..store.read import Reader
     from .sdk import ExportFailed, send
     from .source import session_ids as stored_ids, session_turns
     from .spans import session_spans
@@ -105,11 +106,11 @@ def export_cmd(session_ids, db_url, endpoint, content) -> None:
         engine = open_database(db_url, create=False)
     except DatabaseUnavailable as exc:
         raise OtelError(str(exc)) from None
-    known = stored_ids(engine)
-    ids = list(dict.fromkeys(session_ids)) or known
-    missing = sorted(set(ids) - set(known))
-    if missing:
-        raise OtelError(f"no session {missing[0]!r} in this database")
+    reader = Reader(engine)
+    try:  # a session id may be given by its first characters
+        ids = list(dict.fromkeys(reader.full_session_id(i) for i in session_ids)) or stored_ids(engine)
+    except LookupError as exc:
+        raise OtelError(str(exc)) from None
     url = traces_url(endpoint)
 
     def spans():  # one session in memory at a time

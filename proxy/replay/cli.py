@@ -33,6 +33,14 @@ def _reader(db_url: str):
         raise ReplayError(str(exc)) from exc
 
 
+def _full_id(reader, given: str) -> str:
+    """A session id from its first characters, as the inspector shows it whole."""
+    try:
+        return reader.full_session_id(given)
+    except LookupError as exc:
+        raise RecordingError(str(exc)) from None
+
+
 def _recording(reader, session_id: str):
     try:
         return load(reader, session_id)
@@ -77,7 +85,8 @@ def tools_cmd(session_ids, all_sessions, db_url, fmt, record_run) -> None:
     reader = _reader(db_url)
     loader, replay_, report = ToolsLoader(reader), ConverterReplay(), ToolsReport()
     try:
-        ids = list(stored_ids(reader)) if all_sessions else list(dict.fromkeys(session_ids))
+        ids = list(stored_ids(reader)) if all_sessions else list(dict.fromkeys(
+            _full_id(reader, i) for i in session_ids))
         with _progress(len(ids)) as advance:
             for recording in loader.recordings(ids):
                 report.sessions.append(replay_.session(recording))
@@ -180,7 +189,7 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
     if record_run:
         from .runs import save_run
 
-        save_run(reader.engine, result.kind, session_id, result.target, result.ok, result.to_dict())
+        save_run(reader.engine, result.kind, recording.session_id, result.target, result.ok, result.to_dict())
     _emit(result, fmt)
     sys.exit(0 if result.ok else 1)
 

@@ -135,9 +135,14 @@ def load(reader, session_id: str) -> Recording:
     from ..store.read import Reader
 
     reader = Reader(reader.engine, cache_blobs=True)  # each message read once per session
+    try:
+        session_id = reader.full_session_id(session_id)
+    except LookupError as exc:
+        raise RecordingError(f"{exc} (session ids are in the inspector's addresses and in "
+                             "/_tooltap/api/sessions)") from None
     session = reader.session(session_id)
-    if session is None:
-        raise RecordingError(f"no session {session_id!r} in this database (session ids are in the inspector's addresses and in /_tooltap/api/sessions)")
+    if session is None:  # pruned meanwhile
+        raise RecordingError(f"no session {session_id!r} in this database")
     turns = []
     for summary in session["turns"]:
         t = reader.turn(summary["id"])

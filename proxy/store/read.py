@@ -28,6 +28,7 @@ CHAIN_QUERY = text(
 
 
 MAX_ID = 2**63 - 1  # SQL's largest integer: a bigger id names nothing (and cannot be bound)
+PREFIX_MIN = 4  # the shortest start of a session id the CLI takes for the whole
 
 
 def known_id(n: int | None) -> bool:
@@ -67,6 +68,22 @@ class Reader:
                 select(Session).order_by(Session.last_at.desc(), Session.id).offset(offset).limit(limit)
             ).all()
             return [session_json(s) for s in rows]
+
+    def full_session_id(self, given: str) -> str:
+        """`given`, or the one stored session id it begins, as git takes a commit's prefix
+        (4 characters or more, in their case); LookupError saying why not."""
+        with DB(self.engine) as db:
+            if db.get(Session, given) is not None:
+                return given
+            found = [] if len(given) < PREFIX_MIN else db.exec(
+                select(Session.id).where(func.substr(Session.id, 1, len(given)) == given)
+                .order_by(Session.id).limit(4)).all()
+        if len(found) == 1:
+            return found[0]
+        if found:
+            shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+            raise LookupError(f"{given!r} begins more than one session ({shown}): give more of the id")
+        raise LookupError(f"no session {given!r} in this database")
 
     def session(self, session_id: str) -> dict | None:
         with DB(self.engine) as db:

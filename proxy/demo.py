@@ -269,7 +269,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Served:
     """An ASGI app on a real uvicorn in a daemon thread, stopped as `tooltap serve` stops."""
 
-    def __init__(self, app, host: str, port: int, log_level: str = "warning"):
+    def __init__(self, app, host: str, port: int, log_level: str = "warning", quiet: bool = False):
         from .app import TooltapApp
         from .server import TooltapServer
 
@@ -277,7 +277,8 @@ class Served:
         on_stop = (lambda t: setattr(app, "stop_by", t)) if isinstance(app, TooltapApp) else None
         self.server = TooltapServer(uvicorn.Config(
             app, host=host, port=port, log_level=log_level, access_log=False,
-            server_header=False, date_header=False), grace=3.0, on_stop=on_stop, announce=False)
+            server_header=False, date_header=False), grace=3.0, on_stop=on_stop, announce=False,
+            say_cuts=not quiet)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> "Served":

@@ -77,13 +77,15 @@ class TooltapServer(uvicorn.Server):
     """uvicorn's server with tooltap's stop (see the module's docstring)."""
 
     def __init__(self, config: uvicorn.Config, grace: float = DEFAULT_GRACE,
-                 on_stop: Callable[[float], None] | None = None, announce: bool = True) -> None:
+                 on_stop: Callable[[float], None] | None = None, announce: bool = True,
+                 say_cuts: bool = True) -> None:
         super().__init__(config)
         self.grace = grace
         # Whether the stop is logged: not for the servers a replay or the demo runs inside
-        # a process, whose log is `tooltap serve`'s or the demo's own.
+        # a process, whose log is `tooltap serve`'s or the demo's own; and whether requests
+        # cut by it are: not for a replay's, whose cuts are its own business.
         self.say = log.info if announce else log.debug
-        self.warn = log.warning if announce else log.debug
+        self.say_cut = log.warning if say_cuts else log.debug
         self.on_stop = on_stop  # told the monotonic time by which the stop must be done
         self.stop_signal: int | None = None
         self.stop_began: float | None = None
@@ -134,7 +136,7 @@ class TooltapServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         tasks = list(state.tasks)
         if tasks:
-            self.warn("cutting %d open request(s) (each recorded with \"tooltap shut down\")", len(tasks))
+            self.say_cut("cutting %d open request(s) (each recorded with \"tooltap shut down\")", len(tasks))
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks, timeout=max(0.5, (deadline - time.monotonic()) / 3))

@@ -62,6 +62,18 @@ def test_cline_weather_session_renders(tooltap, upstream, page):
     assert page.locator("article.turn.selected").get_attribute("id") == "turn-2"
 
 
+def test_on_a_phone_wide_window_the_sessions_table_scrolls_not_the_page(tooltap, upstream, page):
+    play_cline_turns(tooltap, upstream, 2)
+    page.set_viewport_size({"width": 420, "height": 800})
+    page.goto(tooltap.url + "/_tooltap/")
+    table = page.locator("table.grid").first
+    expect(table).to_contain_text("华盛顿明天天气如何？")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 420
+    assert table.evaluate("t => t.scrollWidth > t.clientWidth")  # its columns are all there, scrolled to
+    head, first = table.locator("thead").bounding_box(), table.locator("tbody tr").first.bounding_box()
+    assert first["y"] >= head["y"] + head["height"] - 1  # the heading sits above the rows, not on them
+
+
 def test_hostile_text_renders_as_text_and_runs_nothing(tooltap, upstream, page):
     args = json.dumps({"path": XSS_IMG, "content": XSS_SCRIPT})
     upstream.routes["/chat/completions"] = [

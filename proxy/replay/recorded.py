@@ -72,14 +72,14 @@ def _servers(cassette: CassetteUpstream, db_url: str) -> Iterator[tuple[str, Any
     started: list[Served] = []
     try:
         try:
-            upstream = Served(cassette, "127.0.0.1", free_port()).start()
+            upstream = Served(cassette, "127.0.0.1", free_port(), quiet=True).start()
             started.append(upstream)
             settings = Settings(upstreams=(Upstream.parse(f"http://127.0.0.1:{upstream.port}"),), db_url=db_url)
             # The writer that `tooltap serve` runs in its own process, here in a thread: the
             # same storing and decoding, without a process to spawn (seconds on a busy
             # machine, where its lower priority also starves it).
             app = TooltapApp(settings, writer=Writer(db_url, settings.spool_file()))
-            started.append(Served(app, "127.0.0.1", free_port()).start())
+            started.append(Served(app, "127.0.0.1", free_port(), quiet=True).start())
         except (RuntimeError, OSError) as exc:
             raise ReplayFailed(f"could not start a tooltap to replay through: {exc}") from exc
         yield f"http://127.0.0.1:{started[-1].port}", app

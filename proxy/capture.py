@@ -455,6 +455,7 @@ class Capture:
     def finish(self, status: str | None = None, error: str | None = None) -> TurnRecord:
         rec = self.record
         rec.duration_ms = self.elapsed_ms()
+        rec.raw_size = self._size  # before the assembly's check of it; its sha256 is the writer's work
         if self._assembly is not None:
             self._assembly.finish(rec)
         if error:
@@ -466,7 +467,6 @@ class Capture:
         rec.request_headers = redact_headers(rec.request_headers)
         rec.response_headers = redact_headers(rec.response_headers)
         rec.raw = self._raw.hand_over()  # the writer stores it, then releases it
-        rec.raw_size = self._size  # its sha256 is the writer's work
         if rec.live_id is not None:
             self.live.publish({"type": "turn_finished", "live_id": rec.live_id, "status": rec.status})
         return rec

@@ -269,14 +269,27 @@ def test_unparseable_stream_events_are_flagged_and_kept_raw(tooltap, upstream):
     assert httpx.get(f"{tooltap.url}/_tooltap/api/turns/{turn['id']}/raw").content == body
 
 
+@pytest.mark.parametrize("watched", [False, True], ids=["unwatched", "watched-live"])
 @pytest.mark.parametrize("body", [b"garbage, not an event stream\n", b": ping\n\n: ping\n\n"],
                          ids=["no-sse", "pings-only"])
-def test_an_event_stream_without_events_is_flagged(tooltap, upstream, body):
+def test_an_event_stream_without_events_is_flagged(tooltap, upstream, body, watched):
     """A 200 `text/event-stream` that holds no event (a misconfigured provider, a gateway's
     page under the wrong type, keep-alives and nothing else) was stored `ok` with an empty
-    answer; it is flagged, and its bytes are kept."""
+    answer; it is flagged, and its bytes are kept. Whether the inspector's live view watches
+    (the proxy then assembles the stream as it comes) or not (the writer does)."""
+    from tests.test_inspector_pages import live_starts
+
     upstream.routes["/chat/completions"] = Reply.sse(body)
-    r = httpx.post(f"{tooltap.url}/chat/completions", json=REQ)
+    answers = []
+
+    def send():
+        answers.append(httpx.post(f"{tooltap.url}/chat/completions", json=REQ))
+
+    if watched:
+        live_starts(tooltap, send, 1)
+    else:
+        send()
+    r = answers[0]
     assert r.content.startswith(body)
     turn = only_turn(tooltap)
     assert turn["status"] == "ok" and f"no events in the {len(r.content)}-byte event stream" in turn["error"]

@@ -341,6 +341,15 @@ def test_content_over_the_limit_is_cut_inside_its_strings_and_stays_json():
     args = tool_spans(turn, content=True)[0].attributes["gen_ai.tool.call.arguments"]
     assert len(args) <= limit
     assert json.loads(args)["path"] == "out.txt"
+    # text heavy with escapes (code full of quotes and newlines) still fits as JSON
+    code = '"quoted"\n\t' * (limit // 6)
+    fitted = spans._json([{"role": "tool", "parts": [{"type": "text", "content": code}]}])
+    assert len(fitted) <= limit and json.loads(fitted)[0]["parts"][0]["content"].startswith('"quoted"\n')
+    # a lone surrogate a model wrote in long arguments is sent escaped: the exporter could not encode it
+    lone = tool_spans(StoredTurn(**{**turn.__dict__, "calls": [StoredCall(
+        0, "c3", "write_to_file", None, json.dumps({"content": "\ud800" + file_text}), result=None)]}),
+        content=True)[0].attributes["gen_ai.tool.call.arguments"]
+    assert lone.encode("utf-8") and json.loads(lone)["content"].startswith("\ud800line of a big file")
     # a JSON with no long strings to cut (thousands of short messages) is cut as text, as before
     many = [{"role": "user", "parts": [{"type": "text", "content": "short words"}]}] * (limit // 40)
     assert spans._json(many).endswith(" characters]") and len(spans._json(many)) > limit
@@ -357,6 +366,10 @@ def test_ctrl_c_says_what_was_sent_not_stored(tmp_path_factory, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sdk, "send", interrupted)
+    import signal
+
+    # The command ignores a second Ctrl-C while it says so: not for the rest of this pytest run.
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
     out = CliRunner().invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", "http://127.0.0.1:9"])
     assert out.exit_code == 130
     assert out.output.strip() == ("Interrupted (Ctrl-C): stopped before it finished; "

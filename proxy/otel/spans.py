@@ -342,11 +342,22 @@ def _content(turn: StoredTurn, response: dict) -> dict[str, Any]:
 
 
 def _json(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = _dumps(value)
     if len(text) > CONTENT_MAX and '"type":"blob"' in text:  # the images go first, so the words still fit
         value = _blobs_emptied(value)
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        text = _dumps(value)
     return _fitted(value, text)
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON, as written; with escapes only when it holds what UTF-8 cannot carry
+    (a lone surrogate a model wrote), which the exporter could not send."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":"))
+    return text
 
 
 def _blobs_emptied(value: Any) -> Any:
@@ -371,16 +382,26 @@ def _fitted(value: Any, text: str) -> str:
     that a collector can still parse the messages and every one of them is kept."""
     if len(text) <= CONTENT_MAX:
         return text
-    lengths = sorted((len(s) for s in _strings(value)), reverse=True)
-    need = len(text) - CONTENT_MAX
-    low, high = _SHORTEST_CUT, lengths[0] if lengths else 0
-    if _saved(lengths, low) < need:  # no room in its strings: cut the text as before
+    try:
+        return _cut_to_fit(value, len(text) - CONTENT_MAX) or _cap(text)
+    except RecursionError:  # nested deeper than Python walks: cut as text
         return _cap(text)
-    while low < high:  # the longest length to cut to that saves enough
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if _saved(lengths, mid) >= need else (low, mid - 1)
-    fitted = json.dumps(_cut_strings(value, low), ensure_ascii=False, separators=(",", ":"))
-    return fitted if len(fitted) <= CONTENT_MAX else _cap(fitted)
+
+
+def _cut_to_fit(value: Any, need: int) -> str | None:
+    strings = [(len(s), len(_dumps(s)) - 2) for s in _strings(value)]  # as text, and as JSON (escaped)
+    for _ in range(3):  # an estimate, checked: cut shorter when the escapes kept were many
+        if _saved(strings, _SHORTEST_CUT) < need:  # no room in its strings: cut the text as before
+            break
+        low, high = _SHORTEST_CUT, max(n for n, _ in strings)
+        while low < high:  # the longest length to cut to that saves enough
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if _saved(strings, mid) >= need else (low, mid - 1)
+        fitted = _dumps(_cut_strings(value, low))
+        if len(fitted) <= CONTENT_MAX:
+            return fitted
+        need += len(fitted) - CONTENT_MAX
+    return None
 
 
 _SHORTEST_CUT = 64  # shorter strings are names, ids and roles: never cut
@@ -388,10 +409,10 @@ _CUT_NOTE = "... [cut by tooltap: {} characters]"
 _NOTE_MAX = len(_CUT_NOTE) + 8  # with its count of characters filled in
 
 
-def _saved(lengths: list[int], keep: int) -> int:
-    """Characters saved by cutting every string longer than `keep` to it, its note added.
-    Counted on the strings as text: their JSON escapes only make the saving larger."""
-    return sum(n - keep - _NOTE_MAX for n in lengths if n > keep + _NOTE_MAX)
+def _saved(strings: list[tuple[int, int]], keep: int) -> int:
+    """JSON characters saved, about, by cutting every string longer than `keep` characters
+    to that, its note added: each string's escapes taken as spread evenly through it."""
+    return sum(int((n - keep) * escaped / n) - _NOTE_MAX for n, escaped in strings if n > keep + _NOTE_MAX)
 
 
 def _strings(value: Any):
@@ -421,9 +442,9 @@ def _arguments(raw: str | None) -> str | None:
         return raw
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to read back
         return _cap(raw)
-    return _fitted(value, json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return _fitted(value, _dumps(value))
 
 
 def _cap(text: str | None) -> str | None:

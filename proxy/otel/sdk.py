@@ -129,6 +129,7 @@ def _reachable(url: str) -> None:
 
 
 def _send(exp, batch: list, url: str, heard: "_Heard", success) -> int:
+    heard.begin()
     if exp.export(batch) != success:
         raise ExportFailed(f"the collector at {url} did not take the spans"
                            + (f" ({heard.last})" if heard.last else ""))
@@ -140,6 +141,10 @@ class _Heard(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
+        self.begin()
+
+    def begin(self) -> None:
+        """A new batch: what was said of the one before is no cause of this one's end."""
         self.last: str | None = None
         self._transient: str | None = None  # the status a retried answer had (a 503)
 
@@ -148,9 +153,10 @@ class _Heard(logging.Handler):
         transient = _TRANSIENT.match(said)
         if transient:
             self._transient = transient.group(1)
-        # The exporter's last word after its retries names no cause: the answers it retried do.
-        self.last = (f"{self._transient}, still after retries" if self._transient and _GAVE_UP in said
-                     else said)
+        # The exporter's last word after its retries names no cause, and an older one gives up
+        # after its last "retrying": the answers it retried name it.
+        self.last = (f"{self._transient}, still after retries"
+                     if self._transient and (transient or _GAVE_UP in said) else said)
 
 
 _TRANSIENT = re.compile(r"Transient error (.+?) encountered while exporting")

@@ -150,6 +150,8 @@ def test_list_and_db_sources(tmp_path, renamed_uid):
     assert from_session.exit_code == 0 and "-> cAbCdE0mcp0get_forecast (renamed)" in from_session.output
     env_show = run("show", f"turn:{rows[0]['turn_id']}", env={"TOOLTAP_DB": db_url})
     assert "15 tools" in env_show.output
+    by_start = run("show", f"session:{rows[0]['session_id'][:6]}", "--db", db_url)  # as the other commands
+    assert by_start.exit_code == 0 and "15 tools" in by_start.output
 
 
 def test_list_empty_db(tmp_path):
@@ -197,6 +199,8 @@ def test_a_tool_set_from_standard_input_and_a_file_that_is_not_utf8(tmp_path):
     r = RUNNER.invoke(schemas, ["convert", "--to", "anthropic", "-"], input=json.dumps(tools))
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)[0]["name"] == "get_forecast"
+    twice = RUNNER.invoke(schemas, ["diff", "-", "-"], input=json.dumps(tools))
+    assert twice.exit_code == 2 and "standard input can be read once" in twice.stderr
     bad = tmp_path / "tools.json"
     bad.write_bytes(b"\xff\xfe[]")
     r = run("show", bad)

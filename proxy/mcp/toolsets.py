@@ -58,7 +58,10 @@ def offered(db: DB, db_url: str, server: str, session_id: str, source: str) -> T
     from ..store import read
     from ..store.db import shown_url
 
-    tools = read.session_tools(db_url, session_id)
+    try:
+        tools = read.session_tools(db_url, session_id)
+    except LookupError as exc:
+        raise SourceError(f"{source}: {exc}") from None
     if tools is None:
         raise SourceError(f"{source}: no session {session_id!r} with tools in {shown_url(db_url)}")
     whole = from_document(tools, source)

@@ -150,6 +150,8 @@ def diff(a: str, b: str, fmt: str, db_url: str | None) -> None:
 
     A and B: each a file (any format), turn:<id>, session:<id>, mcp:NAME[@ID] or
     mcp:NAME@session:<id> (see `tooltap schemas --help`)."""
+    if a == b == "-":
+        raise click.UsageError("standard input can be read once: give A or B as a file")
     ta, tb = _load(a, db_url), _load(b, db_url)
     try:
         result = diff_toolsets(ta.tools, tb.tools)

@@ -161,7 +161,10 @@ def from_db(source: str, db_url: str | None = None) -> ToolSet:
             raise SourceError(f"{source}: not found in {shown_url(db_url)}")
         tools = read.turn_tools(db_url, turn_id)
     else:
-        tools = read.session_tools(db_url, ident)
+        try:
+            tools = read.session_tools(db_url, ident)
+        except LookupError as exc:
+            raise SourceError(f"{source}: {exc}") from None
     if tools is None:
         raise SourceError(f"{source}: not found in {shown_url(db_url)}")
     return from_document(tools, source)

@@ -31,6 +31,10 @@ MAX_ID = 2**63 - 1  # SQL's largest integer: a bigger id names nothing (and cann
 PREFIX_MIN = 4  # the shortest start of a session id the CLI takes for the whole
 
 
+class SeveralSessions(LookupError):
+    """A start of a session id that begins more than one."""
+
+
 def known_id(n: int | None) -> bool:
     """Could `n` be a stored row's id? Ids from a URL can be any size."""
     return n is not None and 0 < n <= MAX_ID
@@ -82,7 +86,7 @@ class Reader:
             return found[0]
         if found:
             shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-            raise LookupError(f"{given!r} begins more than one session ({shown}): give more of the id")
+            raise SeveralSessions(f"{given!r} begins more than one session ({shown}): give more of the id")
         raise LookupError(f"no session {given!r} in this database")
 
     def session(self, session_id: str) -> dict | None:
@@ -349,7 +353,16 @@ def turn_tools(db_url: str, turn_id: int) -> list[dict] | None:
 
 
 def session_tools(db_url: str, session_id: str) -> list[dict] | None:
-    return _reader(db_url).latest_tools_of_session(session_id)
+    """The newest tools array of a session, named whole or by its start (LookupError when
+    that start begins several)."""
+    reader = _reader(db_url)
+    try:
+        session_id = reader.full_session_id(session_id)
+    except SeveralSessions:
+        raise
+    except LookupError:
+        return None
+    return reader.latest_tools_of_session(session_id)
 
 
 def tool_sets(db_url: str) -> list[dict]:

@@ -384,7 +384,7 @@ def prune(older_than, keep_errors, dry_run, vacuum, db_url) -> None:
     """Delete old turns, and the sessions, messages and blobs nothing else uses.
 
     Safe while `tooltap serve` runs: it works in short transactions the writer waits for."""
-    on_interrupt("what it had deleted is gone, the rest is kept")
+    on_interrupt("nothing was deleted" if dry_run else "what it had deleted is gone, the rest is kept")
     from rich.console import Console
     from rich.progress import Progress
 

@@ -201,7 +201,8 @@ def pytest_runtest_call(item):
             raise
         # Its first line only: an SDK's error repeats the cassette's answer, the miss itself.
         said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        missed += f"\n(the code under test then raised {type(exc).__name__}{': ' + said if said else ''})"
+        missed += (f"\n(the code under test then raised {type(exc).__name__}{_where(exc, item)}"
+                   f"{': ' + said if said else ''})")
     else:
         missed = _misses(served)
         if missed is None:
@@ -209,6 +210,15 @@ def pytest_runtest_call(item):
     # Failed out here, not in the handler above: pytest would print the miss again with
     # every exception it chained to.
     pytest.fail(missed, pytrace=False)
+
+
+def _where(exc: BaseException, item) -> str:
+    """` at test_x.py:12`: the test's own line the exception passed through, if any."""
+    import traceback
+
+    path = str(getattr(item, "path", ""))
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    return f" at {Path(path).name}:{lines[-1]}" if lines else ""
 
 
 def _misses(served) -> str | None:

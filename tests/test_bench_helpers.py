@@ -4,15 +4,24 @@ an argument). Their shared pieces are exercised here."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-sys.path.insert(0, str(BENCH))
 
-from common import captured  # noqa: E402
-from upstream import chat_stream  # noqa: E402
+
+def _bench(name: str):
+    """A bench script as a module, loaded from its file (bench/ is not put on sys.path,
+    where its `common` and `upstream` would shadow other modules for the whole run)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+captured = _bench("common").captured
+chat_stream = _bench("upstream").chat_stream
 
 
 def test_a_turn_captured_as_the_benchmarks_make_them_is_assembled():

@@ -185,7 +185,7 @@ def test_given_up_miss(tooltap_cassette):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "3 failed, 1 passed in" in r.stdout  # each miss once: no error at teardown besides
     assert "FAILED test_my_agent.py::test_swallowed_miss" in r.stdout
-    assert "(the code under test then raised NotFoundError: " in r.stdout
+    assert "(the code under test then raised NotFoundError at test_my_agent.py:" in r.stdout
     assert "closest recorded request: interactions[2], POST /chat/completions (turn #3)" in r.stdout
     assert '$.model: recorded "deepseek-chat", received "another-model"' in r.stdout
     # said once each, not again with every exception chained to it

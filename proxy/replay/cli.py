@@ -82,6 +82,9 @@ def tools_cmd(session_ids, all_sessions, db_url, fmt, record_run) -> None:
 
     if bool(session_ids) == all_sessions:
         raise ReplayError("give one or more SESSION ids, or --all")
+    from ..cli import on_interrupt
+
+    on_interrupt("no run was saved" if record_run else "")
     reader = _reader(db_url)
     loader, replay_, report = ToolsLoader(reader), ConverterReplay(), ToolsReport()
     try:

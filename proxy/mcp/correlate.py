@@ -225,6 +225,7 @@ def link_json(c: LlmCall, m: McpCall, matched_by: str) -> dict:
 _TURNS = select(Turn).options(load_only(Turn.id, Turn.session_id, Turn.parent_id, Turn.status, Turn.started_at,
                                         Turn.duration_ms))
 
+
 def for_session(db: DB, session_id: str) -> Correlation:
     if not _any_mcp(db):  # before reading every turn of the session: most stores have no MCP traffic
         return Correlation({}, [], [])

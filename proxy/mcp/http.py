@@ -254,19 +254,20 @@ class _Stream:
     answers: bool  # a POST's stream, which may answer it (the GET stream answers nothing of the agent's)
     events: bool = False  # an event stream, not content-encoded
     between_events: bool = True
-    answered: set = field(default_factory=set)  # JSON-RPC ids, as json_id writes them
+    replies: list = field(default_factory=list)  # its events that may be answers, read only at the stop
 
     def saw(self, data: str) -> None:
-        if not (self.answers and self.events):  # nothing to read it for: not parsed on the loop
-            return
-        for msg in elements(classify(data.encode()).json):
-            if "id" in msg and ("result" in msg or "error" in msg):
-                self.answered.add(json_id(msg["id"]))
+        # Kept, not parsed: the recorder parses every message off the loop, and only a stop
+        # needs to know which requests this stream answered.
+        if self.answers and self.events and ('"result"' in data or '"error"' in data):
+            self.replies.append(data)
 
     def unanswered(self, errors: list) -> list:
         if not (self.events and self.between_events):
             return []
-        return [e for e in errors if "jsonrpc" in e and json_id(e["id"]) not in self.answered]
+        answered = {json_id(msg["id"]) for data in self.replies for msg in elements(classify(data.encode()).json)
+                    if "id" in msg and ("result" in msg or "error" in msg)}
+        return [e for e in errors if "jsonrpc" in e and json_id(e["id"]) not in answered]
 
 
 def _unreachable(body: bytes, message: str):

@@ -11,7 +11,7 @@ from ..bidi import printable
 from ..config import DEFAULT_DB
 from ..options import Finite
 from .compare import ARG_MODES, ORDER_MODES, Rules
-from .recording import RecordingError, load, open_reader
+from .recording import RecordingError, full_id, load, open_reader
 from .result import ReplayResult, render_json, render_markdown, render_text
 
 db_option = click.option("--db", "db_url", envvar="TOOLTAP_DB", show_envvar=True, default=DEFAULT_DB,
@@ -31,14 +31,6 @@ def _reader(db_url: str):
         return open_reader(db_url)
     except RecordingError as exc:
         raise ReplayError(str(exc)) from exc
-
-
-def _full_id(reader, given: str) -> str:
-    """A session id from its first characters, as the inspector shows it whole."""
-    try:
-        return reader.full_session_id(given)
-    except LookupError as exc:
-        raise RecordingError(str(exc)) from None
 
 
 def _recording(reader, session_id: str):
@@ -89,7 +81,7 @@ def tools_cmd(session_ids, all_sessions, db_url, fmt, record_run) -> None:
     loader, replay_, report = ToolsLoader(reader), ConverterReplay(), ToolsReport()
     try:
         ids = list(stored_ids(reader)) if all_sessions else list(dict.fromkeys(
-            _full_id(reader, i) for i in session_ids))
+            full_id(reader, i) for i in session_ids))
         with _progress(len(ids)) as advance:
             for recording in loader.recordings(ids):
                 report.sessions.append(replay_.session(recording))

@@ -130,16 +130,21 @@ def open_reader(db_url: str):
         raise RecordingError(str(exc)) from exc
 
 
+def full_id(reader, given: str) -> str:
+    """The session id `given` names, whole or by its start; RecordingError saying why not."""
+    try:
+        return reader.full_session_id(given)
+    except LookupError as exc:
+        raise RecordingError(f"{exc} (session ids are in the inspector's addresses and in "
+                             "/_tooltap/api/sessions)") from None
+
+
 def load(reader, session_id: str) -> Recording:
     """One stored session with every turn whole, in the order they arrived."""
     from ..store.read import Reader
 
     reader = Reader(reader.engine, cache_blobs=True)  # each message read once per session
-    try:
-        session_id = reader.full_session_id(session_id)
-    except LookupError as exc:
-        raise RecordingError(f"{exc} (session ids are in the inspector's addresses and in "
-                             "/_tooltap/api/sessions)") from None
+    session_id = full_id(reader, session_id)
     session = reader.session(session_id)
     if session is None:  # pruned meanwhile
         raise RecordingError(f"no session {session_id!r} in this database")

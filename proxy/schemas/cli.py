@@ -96,8 +96,8 @@ def list_cmd(db_url: str | None, fmt: str) -> None:
 @db_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def show(source: str, db_url: str | None, fmt: str) -> None:
-    """Show a tool set SOURCE: a file (any format), turn:<id>, session:<id>, mcp:NAME[@ID]
-    or mcp:NAME@session:<id> (see `tooltap schemas --help`)."""
+    """Show a tool set SOURCE: a file (any format; - for standard input), turn:<id>,
+    session:<id>, mcp:NAME[@ID] or mcp:NAME@session:<id> (see `tooltap schemas --help`)."""
     ts = _load(source, db_url)
     counts = {}
     try:
@@ -123,7 +123,8 @@ def show(source: str, db_url: str | None, fmt: str) -> None:
 @db_option
 def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None) -> None:
     """Convert a tool set to another provider's format and report what was lost. SOURCE: a
-    file, turn:<id>, session:<id>, mcp:NAME[@ID] or mcp:NAME@session:<id>."""
+    file (- for standard input), turn:<id>, session:<id>, mcp:NAME[@ID] or
+    mcp:NAME@session:<id>."""
     ts = _load(source, db_url)
     try:
         tools, losses = convert_tools(ts.tools, target, profile)
@@ -148,7 +149,7 @@ def convert(source: str, target: str, profile: str, fmt: str, db_url: str | None
 def diff(a: str, b: str, fmt: str, db_url: str | None) -> None:
     """Diff tool set A (before) against B (after). Exit 1 when a change is breaking.
 
-    A and B: each a file (any format), turn:<id>, session:<id>, mcp:NAME[@ID] or
+    A and B: each a file (any format; - for standard input, once), turn:<id>, session:<id>, mcp:NAME[@ID] or
     mcp:NAME@session:<id> (see `tooltap schemas --help`)."""
     if a == b == "-":
         raise click.UsageError("standard input can be read once: give A or B as a file")

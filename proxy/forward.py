@@ -218,6 +218,11 @@ class Forwarder:
                 else:
                     status, error = "client_aborted", cut.reason
                 return
+            except upstream_client.ReadTimeout as exc:  # reached, but it has not answered
+                status, error = "proxy_error", _describe(exc)
+                await _answer_error(send, capture, 504, "tooltap_upstream_timeout",
+                                    f"{exc} without answering (tooltap serve --read-timeout sets how long to wait)")
+                return
             except _UPSTREAM_ERRORS as exc:
                 status, error = "proxy_error", _describe(exc)
                 await _answer_error(send, capture, 502, "tooltap_proxy_error",
@@ -267,6 +272,8 @@ class Forwarder:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, upstream_client.ReadTimeout):
+        return f"ReadTimeout: {exc} (tooltap serve --read-timeout)"
     if isinstance(exc, asyncio.TimeoutError):
         return "TimeoutError: no answer from the upstream in time"
     text = " ".join(str(exc).split())  # one line, whatever the cause wrote

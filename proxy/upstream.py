@@ -40,6 +40,10 @@ class UpstreamDisconnected(UpstreamError):
     """The connection closed before the whole answer came."""
 
 
+class ReadTimeout(UpstreamError, TimeoutError):
+    """The upstream sent nothing for the read timeout: before its answer began, or within it."""
+
+
 class BadResponse(UpstreamError):
     """What came back is not HTTP/1.1 (bad status line, headers or chunked framing)."""
 
@@ -92,7 +96,7 @@ class Response:
 
     async def read(self) -> bytes:
         """What the upstream sent since the last call (one socket read or more), b"" at
-        the end. Raises UpstreamError, or TimeoutError after the read timeout in silence."""
+        the end. Raises UpstreamError (ReadTimeout after the read timeout in silence)."""
         while not self._pieces:
             if self._error is not None:
                 raise self._error
@@ -150,7 +154,7 @@ class Response:
         if left > 0:
             self._timer = loop.call_later(left, self._check_silence)
         else:
-            self._fail(asyncio.TimeoutError())
+            self._fail(ReadTimeout(f"the upstream sent nothing for {self._conn.pool.read_timeout:g} s"))
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

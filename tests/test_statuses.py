@@ -186,13 +186,18 @@ def test_an_upstream_that_never_finishes_its_tls_handshake_is_named(make_tooltap
 
 
 def test_silent_upstream_times_out_as_proxy_error(make_tooltap, upstream):
-    """An upstream that accepts the request but never answers: the agent gets a 502 once
-    the read timeout passes, and the turn is recorded."""
+    """An upstream that accepts the request but never answers: the agent gets a 504 once
+    the read timeout passes, saying so and naming the option (not "could not reach"), and
+    the turn is recorded."""
     upstream.routes["/v1/chat/completions"] = Reply.json({"late": True}, wait=3)
     tt = make_tooltap(upstream.url, read_timeout=0.5)
     r = httpx.post(f"{tt.url}/v1/chat/completions", json=REQ, timeout=10)
-    assert r.status_code == 502 and "TimeoutError" in r.json()["error"]["message"]
-    assert only_turn(tt)["status"] == "proxy_error"
+    assert r.status_code == 504 and r.json()["error"]["type"] == "tooltap_upstream_timeout"
+    assert r.json()["error"]["message"] == ("the upstream sent nothing for 0.5 s without answering "
+                                            "(tooltap serve --read-timeout sets how long to wait)")
+    turn = only_turn(tt)
+    assert turn["status"] == "proxy_error"
+    assert turn["error"] == "ReadTimeout: the upstream sent nothing for 0.5 s (tooltap serve --read-timeout)"
 
 
 def test_stalled_stream_times_out_as_upstream_aborted(make_tooltap, upstream):
@@ -203,7 +208,8 @@ def test_stalled_stream_times_out_as_upstream_aborted(make_tooltap, upstream):
         with httpx.stream("POST", f"{tt.url}/v1/chat/completions", json=REQ, timeout=10) as r:
             b"".join(r.iter_raw())
     turn = only_turn(tt)
-    assert turn["status"] == "upstream_aborted" and "TimeoutError" in turn["error"]
+    assert turn["status"] == "upstream_aborted"
+    assert turn["error"] == "ReadTimeout: the upstream sent nothing for 0.5 s (tooltap serve --read-timeout)"
 
 
 def test_non_json_response_is_kept_raw_and_flagged(make_tooltap, upstream):

@@ -136,6 +136,27 @@ def test_a_miss_names_the_closest_request_and_the_cline_clock_is_ignored(exporte
         assert len(served.misses) == 1
 
 
+def test_serve_cassette_needs_no_pytest(exported):
+    """A user's script serves the cassette where pytest is not installed (a plain
+    `pip install tooltap`): the recorded answer, and a miss named."""
+    cassette_path, _ = exported
+    script = f"""
+import sys
+sys.modules["pytest"] = None  # as if not installed: importing it raises ImportError
+import json, httpx
+from proxy.testing import serve_cassette
+request = json.loads(open({str(CLINE / "turn3/request.json")!r}, encoding="utf-8").read())
+with serve_cassette({str(cassette_path)!r}) as served:
+    r = httpx.post(served.url + "/chat/completions", json=request, timeout=10)
+    print(r.status_code, b"cIya4J0mcp0get_forecast" in r.content)
+    r = httpx.post(served.url + "/chat/completions", json=dict(request, model="other"), timeout=10)
+    print(r.status_code, r.json()["error"]["diff"][0]["path"])
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["200 True", "404 $.model"]
+
+
 def test_user_code_against_the_fixture(exported):
     """The official openai SDK pointed at the fixture's URL gets the recorded tool calls;
     a request that was not recorded fails the test even when the code swallows the error."""

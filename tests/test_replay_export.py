@@ -457,7 +457,11 @@ def test_a_session_is_named_by_the_first_characters_of_its_id(tooltap, upstream,
     replay = CliRunner().invoke(main, ["replay", "session", session[:8], "--recorded", *db])
     assert replay.exit_code == 0, replay.output
     short = CliRunner().invoke(main, ["export", session[:3], "--har", str(tmp_path / "t.har"), *db])
-    assert short.exit_code == 2 and f"no session '{session[:3]}'" in short.output
+    assert short.exit_code == 2
+    assert f"'{session[:3]}' is too short to name a session: give 4 characters or more of its id" in short.output
+    other = CliRunner().invoke(main, ["export", "zz" if session[0] != "z" else "yy", "--har", str(tmp_path / "t.har"),
+                                      *db])
+    assert other.exit_code == 2 and "no session" in other.output
     with DB(create_engine(f"sqlite:///{tooltap.db_path}")) as s:  # two sessions that start alike
         s.add_all([Session(id="abcd1111", started_at=1.0, last_at=1.0),
                    Session(id="abcd2222", started_at=1.0, last_at=1.0)])

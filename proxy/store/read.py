@@ -79,9 +79,11 @@ class Reader:
         with DB(self.engine) as db:
             if db.get(Session, given) is not None:
                 return given
-            found = [] if len(given) < PREFIX_MIN else db.exec(
-                select(Session.id).where(func.substr(Session.id, 1, len(given)) == given)
-                .order_by(Session.id).limit(4)).all()
+            found = db.exec(select(Session.id).where(func.substr(Session.id, 1, len(given)) == given)
+                            .order_by(Session.id).limit(4)).all() if given else []
+        if found and len(given) < PREFIX_MIN:
+            raise LookupError(f"{given!r} is too short to name a session: give {PREFIX_MIN} characters or more "
+                              f"of its id")
         if len(found) == 1:
             return found[0]
         if found:

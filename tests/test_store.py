@@ -244,6 +244,22 @@ def test_unusable_session_header_and_nul_text_are_stored(tooltap, upstream):
     assert tooltap.app.writer.written == 1
 
 
+def test_a_session_named_dot_or_dot_dot_gets_a_page_of_its_own(tooltap, upstream):
+    """`.` and `..` as a session's name would make its link lead to the sessions list (a
+    browser resolves them, escaped or not): they are named by a hash, each its own."""
+    upstream.routes["/chat/completions"] = reply("ok")
+    for name in (".", ".."):
+        r = httpx.post(f"{tooltap.url}/chat/completions", json=chat(f"named {name}"),
+                       headers={"x-tooltap-session": name})
+        assert r.status_code == 200
+    tooltap.flush()
+    ids = sorted(s["id"] for s in tooltap.api("/sessions")["sessions"])
+    assert len(ids) == 2 and all(i.startswith("h-") for i in ids)
+    for i in ids:
+        page = httpx.get(f"{tooltap.url}/_tooltap/sessions/{i}")
+        assert page.status_code == 200 and "named ." in page.text
+
+
 def test_a_turn_that_cannot_be_stored_does_not_hold_back_the_others(tmp_path, monkeypatch):
     from proxy.store import ingest
 

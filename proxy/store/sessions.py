@@ -76,11 +76,12 @@ class Placement:
 
 def session_key(hint: str | None) -> str | None:
     """An X-Tooltap-Session value as a session id: kept as given when short and
-    printable, else replaced by a hash of it (ids are at most 64 characters)."""
+    printable, else replaced by a hash of it (ids are at most 64 characters). `.` and `..`
+    too: in a page's link, a browser reads them as a path, however they are escaped."""
     hint = (hint or "").strip()
     if not hint:
         return None
-    if len(hint) <= 64 and hint.isprintable():
+    if len(hint) <= 64 and hint.isprintable() and hint not in (".", ".."):
         return hint
     return "h-" + digest(hint.encode("utf-8", "surrogateescape"))
 

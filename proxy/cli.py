@@ -285,8 +285,8 @@ def _require_token_off_loopback(host: str, ui_token: str | None) -> None:
 @click.option("--port", default=None, type=click.IntRange(1, 65535),
               help="Default: 8000, or a free port when 8000 is taken.")
 @click.option("--db", "db_url", default=None, metavar="FILE | URL",
-              help="Keep the demo's database here, a SQLite file or a database URL (default: a temporary "
-                   "file removed on exit).")
+              help="Keep the demo's database here, a new SQLite file or an empty database URL (default: a "
+                   "temporary file removed on exit).")
 @click.option("--ui-token", envvar="TOOLTAP_UI_TOKEN", show_envvar=True, default=None, help="As for `serve`.")
 @click.option("--live-every", default=20.0, show_default=True, type=Finite(min=0),
               help="Seconds between slowly streamed turns, to watch live updates (0: none).")
@@ -306,7 +306,7 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
     else:
         _check_port(host, port)
     if db_url:
-        _open_database(db_url)
+        _refuse_a_store_in_use(_open_database(db_url), db_url)
     # Ctrl-C, SIGTERM or a closed terminal: the servers, the writer process and the
     # temporary folder are cleaned up whatever the demo was doing.
     with demo_mod.stopped_by_signals():
@@ -334,6 +334,18 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
     from .server import exit_now
 
     exit_now(0)  # cleaned up: as serve ends, without the interpreter's teardown (a second, interruptible)
+
+
+def _refuse_a_store_in_use(engine, db_url: str) -> None:
+    """The demo's sessions are made up: they must not mix with what an agent recorded."""
+    from sqlalchemy import text
+
+    with engine.connect() as db:
+        turns = db.execute(text("SELECT count(*) FROM turns")).scalar_one()
+    engine.dispose()
+    if turns:
+        raise click.UsageError(f"{db_url} already holds {turns:,} turn{'s' if turns != 1 else ''}: the demo's made-up "
+                               "sessions would mix with them. Give --db a new file, or no --db for a temporary one.")
 
 
 @main.command(short_help="Decode every stored session again (after an upgrade).")

@@ -149,7 +149,13 @@ def test_demo_keeps_its_journal_beside_its_database_and_leaves_no_file_behind(tm
         assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == [], log.read_text()
         assert "Traceback" not in log.read_text()
     with sqlite3.connect(data / "x.db") as db:
-        assert db.execute("SELECT count(*) FROM turns").fetchone()[0] >= 10
+        turns = db.execute("SELECT count(*) FROM turns").fetchone()[0]
+    assert turns >= 10
+    # A database that holds turns (the demo's own, or an agent's) is not played into again.
+    again = CliRunner().invoke(main, ["demo", "--db", str(data / "x.db")])
+    assert again.exit_code == 2 and f"already holds {turns:,} turns: the demo's made-up sessions" in again.output
+    with sqlite3.connect(data / "x.db") as db:
+        assert db.execute("SELECT count(*) FROM turns").fetchone()[0] == turns
 
 
 def test_a_bare_database_path_has_its_spool_beside_it():

@@ -23,6 +23,7 @@ from proxy import apis
 from proxy.agents import transcript
 from proxy.store import content
 from proxy.store.models import Blob, ChainNode, ToolCallRow, Turn
+from proxy.store.readable import upstream_message, upstream_note
 from proxy.store.read import (CHAIN_QUERY, Reader, rounded_ms, session_json, text_calls_json, tool_call_json,
                               turn_summary)
 
@@ -300,19 +301,17 @@ def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn |
         "decoding": decoding,
         "stream_error": t.stream_error,
         "upstream_message": upstream_message(response, t.stream_error) if t.status == "upstream_error" else None,
+        # tooltap's own notes; the upstream's message has its box (older turns do not hold it in `error`)
+        "error": _without(t.error, upstream_note(t.http_status, response, t.stream_error)),
     }
 
 
-def upstream_message(response: Any, stream_error: Any) -> str | None:
-    """What the provider said went wrong: `error.message` in OpenAI's, Anthropic's and
-    Gemini's error bodies alike (or in a mid-stream error event)."""
-    for body in (stream_error, response):
-        error = body.get("error") if isinstance(body, dict) else None
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-        if isinstance(error, str):
-            return error
-    return None
+def _without(error: str | None, note: str | None) -> str | None:
+    if not error or not note:
+        return error
+    if error == note:
+        return None
+    return error.removesuffix("; " + note)  # the writer puts it last
 
 
 def _system(db: DB, reader: Reader, t: Turn, hashes: list[str], blobs: dict[str, Any]) -> dict | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import time
 
 import httpx
@@ -438,7 +439,13 @@ def test_upstream_errors_show_their_message_and_the_list_shows_the_status(toolta
     assert r.status_code == 429
     turn = tooltap.api("/turns")["turns"][0]
     html = get(tooltap, f"/_tooltap/sessions/{turn['session_id']}").text
+    assert html.count("Rate limit reached for &lt;deepseek-chat&gt;") == 1  # its box, not the notes' too
     assert "429 from the upstream: Rate limit reached for &lt;deepseek-chat&gt;" in html
+    # where a query for what went wrong looks: the API's turn and the SQL view
+    stored = tooltap.api(f"/turns/{turn['id']}")
+    assert stored["error"] == "429 from the upstream: Rate limit reached for <deepseek-chat>"
+    with sqlite3.connect(tooltap.db_path) as db:
+        assert db.execute("select error from turns_v where id = ?", (turn["id"],)).fetchone() == (stored["error"],)
     row = get(tooltap, "/_tooltap/").text.split(f'data-session="{turn["session_id"]}"')[1].split("</tr>")[0]
     assert "st-upstream_error" in row
 

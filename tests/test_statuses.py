@@ -48,7 +48,7 @@ def test_upstream_http_error_passes_unchanged(tooltap, upstream):
     assert r.status_code == 401 and r.json() == error
     turn = only_turn(tooltap)
     assert turn["status"] == "upstream_error" and turn["http_status"] == 401
-    assert turn["response"] == error
+    assert turn["response"] == error and turn["error"] == "401 from the upstream: Invalid API key"
 
 
 def test_mid_stream_error_payload_keeps_partial_content(tooltap, upstream):
@@ -59,6 +59,9 @@ def test_mid_stream_error_payload_keeps_partial_content(tooltap, upstream):
     turn = only_turn(tooltap)
     assert turn["status"] == "upstream_error"
     assert turn["stream_error"] == {"message": "overloaded", "code": 529}
+    assert turn["error"] == "the upstream's stream reported an error: overloaded"
+    page = httpx.get(f"{tooltap.url}/_tooltap/sessions/{turn['session_id']}").text
+    assert page.count("the upstream's stream reported an error: overloaded") == 1
     assert turn["response"]["choices"][0]["message"]["content"] == "partial text"
 
 

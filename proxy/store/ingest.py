@@ -34,7 +34,7 @@ from . import content, search
 from .db import PRUNE_LOCK
 from .models import Blob, ChainNode, Session, ToolCallRow, Turn
 from .one_statement import OneStatement
-from .readable import reply_text
+from .readable import reply_text, upstream_note
 from .requests import Parsed, Prefix, Requests
 from .sessions import OTHER_PREFIX, OTHER_TITLE, Ask, Placer, adoptable, chain_root, lock_key, session_key
 
@@ -196,8 +196,8 @@ class Ingestor:
             content_type=_header(rec.response_headers, "content-type"),
             content_encoding=header_values(rec.response_headers, "content-encoding"),
             timeline=content.pack(rec.timeline) if rec.timeline else None,
-            error="; ".join(e for e in (rec.error, _request_note(rec, request_problem, undecoded), response_note)
-                            if e) or None,
+            error="; ".join(e for e in (rec.error, _request_note(rec, request_problem, undecoded), response_note,
+                                        _upstream_note(rec, response)) if e) or None,
             stream_error=rec.stream_error,
             # The journal's id: a turn read again is never stored twice. A turn from
             # elsewhere gets one too: the batch insert matches rows to turns by it.
@@ -480,6 +480,10 @@ def _call_row(call: apis.ToolCall) -> dict:
     return {**_CALL_DEFAULTS, "index": call.index, "call_id": call.id and safe(call.id), "name": safe(call.name),
             "arguments_raw": safe(call.arguments_raw), "arguments": arguments, "arguments_error": error,
             "choice": call.choice}
+
+
+def _upstream_note(rec: TurnRecord, response: Any) -> str | None:
+    return upstream_note(rec.http_status, response, rec.stream_error) if rec.status == "upstream_error" else None
 
 
 def _request_note(rec: TurnRecord, problem: str | None, undecoded: bool = False) -> str | None:

@@ -133,11 +133,13 @@ def schemas(request: Request, a: str = "", b: str = ""):
     given = [{"value": x, "label": _given_label(x, reader, mcp_sets, load)}
              for x in dict.fromkeys((a, b)) if x and x not in listed]
     ctx = {"choices": choices, "mcp_choices": mcp_choices, "given": given, "a": a, "b": b,
-           "errors": [], "diff": None}
+           "errors": [f"no parameter {name!r} here (not applied): the page compares a=SOURCE and b=SOURCE"
+                      for name in dict.fromkeys(request.query_params) if name not in ("a", "b", "token")],
+           "diff": None}
     if a and b:
         left, err_a = load(a)
         right, err_b = load(b)
-        ctx["errors"] = [e for e in (err_a, err_b) if e]
+        ctx["errors"] += [e for e in (err_a, err_b) if e]
         if left and right:
             diff = diff_toolsets(left.tools, right.tools)
             status = {t["name"]: t for t in diff["tools"]}

@@ -146,6 +146,11 @@ def test_ids_of_any_size_are_answered_not_crashed_on(tooltap, upstream):
         assert r.status_code == 400 and "2^63" in r.text, path
     r = httpx.get(f"{tooltap.url}/_tooltap/schemas", params={"a": f"turn:{HUGE}", "b": "turn:1"})
     assert r.status_code == 200 and "not found" in r.text
+    # a parameter the page does not take is said, not silently dropped for a default comparison
+    r = httpx.get(f"{tooltap.url}/_tooltap/schemas", params={"before": "turn:1", "after": "x"})
+    assert r.status_code == 200
+    assert "no parameter &#39;before&#39; here (not applied): the page compares a=SOURCE and b=SOURCE" in r.text
+    assert "no parameter &#39;after&#39; here" in r.text
 
 
 def test_a_session_named_with_a_slash_has_its_page_and_api_entry(tooltap, upstream):

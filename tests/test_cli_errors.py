@@ -96,7 +96,7 @@ def test_postgres_without_its_driver_says_what_to_install(tmp_path):
     code = ("import sys; sys.modules['psycopg'] = None; sys.argv[0] = 'tooltap'; "
             "from proxy.cli import main; main()")
     r = run("serve", "--upstream", "http://127.0.0.1:9", "--db", "postgresql://u:secret@127.0.0.1:1/x", code=code)
-    assert_one_line_error(r, "pip install 'tooltap[postgres]'")
+    assert_one_line_error(r, "pip install 'psycopg[binary]' (or '.[postgres]' in tooltap's folder)")
     assert "secret" not in r.stderr
 
 

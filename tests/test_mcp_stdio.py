@@ -368,7 +368,7 @@ def test_postgres_without_its_driver_says_what_to_install_and_spools(tmp_path):
     d.send(data)
     assert d.finish() == 0
     assert bytes(d.out) == data
-    _said_once(d.err.decode().splitlines(), "Postgres needs its driver: pip install 'tooltap[postgres]'", spool)
+    _said_once(d.err.decode().splitlines(), "Postgres needs its driver: pip install 'psycopg[binary]'", spool)
     assert _spooled(spool) == 4
 
 

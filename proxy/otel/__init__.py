@@ -8,14 +8,15 @@
 - `live.py`: `tooltap serve --otlp-endpoint`: exports from the writer process, after commit.
 - `cli.py`: `tooltap otel export`: stored sessions after the fact.
 
-The SDK is an optional extra (`pip install 'tooltap[otel]'`): only `sdk.py` imports it.
+The SDK is an optional extra (`pip install '.[otel]'` in tooltap's folder): only `sdk.py` imports it.
 """
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-INSTALL_HINT = "OpenTelemetry export needs the SDK and its OTLP exporter: pip install 'tooltap[otel]'"
+INSTALL_HINT = ("OpenTelemetry export needs the SDK and its OTLP exporter: pip install opentelemetry-sdk "
+                "opentelemetry-exporter-otlp-proto-http (or '.[otel]' in tooltap's folder)")
 
 
 class OtelUnavailable(RuntimeError):

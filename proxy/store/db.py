@@ -104,7 +104,8 @@ def open_database(url: str, *, create: bool = True, busy_timeout: float = 2.0) -
         raise
     except ImportError as exc:
         if "psycopg" in str(exc):
-            raise DatabaseUnavailable("Postgres needs its driver: pip install 'tooltap[postgres]'") from exc
+            raise DatabaseUnavailable("Postgres needs its driver: pip install 'psycopg[binary]' "
+                                      "(or '.[postgres]' in tooltap's folder)") from exc
         raise DatabaseUnavailable(f"cannot open {url}: {exc}") from exc
     except Exception as exc:  # sqlalchemy/alembic/driver errors: name the cause, not the stack
         raise DatabaseUnavailable(f"cannot open the database {shown_url(url)}: {_cause(exc)}") from exc

@@ -2,7 +2,8 @@
 
     python3 docs/screenshots.py          # writes docs/inspector-*.png
 
-Runs `tooltap demo`'s servers in this process and drives Debian's chromium with Playwright.
+Runs `tooltap demo`'s servers in this process and drives Debian's chromium with Playwright
+(`apt-get install fonts-noto-cjk` first: the demo's Chinese session is shown as boxes without it).
 """
 
 from __future__ import annotations

@@ -178,7 +178,13 @@ def test_a_server_that_is_down_is_named_to_the_agent(make_tooltap, upstream):
     assert "tooltap could not reach the MCP server" in repr(raised.value), repr(raised.value)
     answer = httpx.post(f"{tooltap.url}/_mcp/down", content=b'{"jsonrpc":"2.0","id":9,"method":"ping"}')
     assert answer.status_code == 502 and answer.json()["id"] == 9
-    assert answer.json()["error"]["message"].startswith("tooltap could not reach the MCP server")
+    message = answer.json()["error"]["message"]
+    assert message.startswith("tooltap could not reach the MCP server: cannot connect to 127.0.0.1:")
+    assert "refused" in message and "ssl" not in message  # a plain-HTTP address, said as one
+    # a name this tooltap does not serve: the ones it does are named
+    missed = httpx.post(f"{tooltap.url}/_mcp/nope", content=b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    assert missed.status_code == 404
+    assert missed.json()["error"]["message"] == "no MCP server is served at /_mcp/nope; this tooltap serves /_mcp/down"
 
 
 def test_a_redirect_within_the_server_points_through_tooltap(make_tooltap, upstream):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -103,8 +104,9 @@ class McpHttpProxy:
         name, _, rest = scope["path"][len(MCP_PREFIX) + 1:].partition("/")
         server = self.servers.get(name)
         if server is None:
-            return await _send_json(send, 404, {"error": {"type": "tooltap_no_mcp_server",
-                                                          "message": f"no MCP server is served at {scope['path']}"}})
+            served = ", ".join(s.prefix for s in self.servers.values())
+            return await _send_json(send, 404, {"error": {"type": "tooltap_no_mcp_server", "message": (
+                f"no MCP server is served at {scope['path']}; this tooltap serves {served}")}})
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
         url = server.url + raw_path[len(server.prefix):] + ("?" + query if query else "")
@@ -136,7 +138,7 @@ class McpHttpProxy:
                                                       skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent",
                                                                          "Content-Type"))
             except _UPSTREAM_ERRORS as exc:
-                answer = _unreachable(body, f"tooltap could not reach the MCP server: {exc}")
+                answer = _unreachable(body, f"tooltap could not reach the MCP server: {_unreached(exc)}")
                 if posted:
                     conn = self._answered(server, session, posted, at, answer, "the server could not be reached")
                 return await _send_json(send, 502, answer)
@@ -268,6 +270,17 @@ class _Stream:
         answered = {json_id(msg["id"]) for data in self.replies for msg in elements(classify(data.encode()).json)
                     if "id" in msg and ("result" in msg or "error" in msg)}
         return [e for e in errors if "jsonrpc" in e and json_id(e["id"]) not in answered]
+
+
+def _unreached(exc: BaseException) -> str:
+    """Why the server could not be reached, in one line (aiohttp names "ssl:default" for a
+    plain-HTTP address that refused the connection)."""
+    if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(exc, aiohttp.ClientSSLError):
+        error = exc.os_error
+        return f"cannot connect to {exc.host}:{exc.port}: {os.strerror(error.errno) if error.errno else error}"
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer in time"
+    return str(exc) or type(exc).__name__
 
 
 def _unreachable(body: bytes, message: str):

@@ -66,8 +66,8 @@ class Guard:
         if self.token is not None:
             verdict = self._check(scope)
             if verdict == "refuse":
-                return await _plain(send_secured, 401, b"tooltap: this inspector needs its UI token "
-                                    b"(open it once with ?token=...)\n")
+                return await _plain(send_secured, 401, b"tooltap: this inspector needs its UI token: open a page "
+                                    b"once with ?token=..., or send Authorization: Bearer ...\n")
             if verdict == "from_query":
                 return await _set_cookie_and_redirect(send_secured, scope, self.token)
         started = False

@@ -147,6 +147,8 @@ def test_token_refuses_page_api_live_and_static(make_tooltap, upstream):
         r = httpx.get(tt.url + path, timeout=5)
         assert r.status_code == 401, path
         assert r.headers["content-security-policy"]
+        assert r.text == ("tooltap: this inspector needs its UI token: open a page once with ?token=..., "
+                          "or send Authorization: Bearer ...\n")
         r = httpx.get(tt.url + path, headers={"authorization": "Bearer wrong"}, timeout=5)
         assert r.status_code == 401, path
     assert httpx.get(tt.url + "/_tooltap/api/sessions", headers={"authorization": "Bearer s3cret-token"}).status_code == 200

@@ -464,10 +464,10 @@ def stats(days, as_json, db_url) -> None:
                             ("pruned    ", s.pruned_at, "never")):
         console.print(f"{label} {shown_time(at) + ' UTC' if at else none}", highlight=False)
     table = Table(title=f"growth, last {days} days (UTC)" if days > 1 else "growth, today (UTC)")
-    for name in ("day", "turns", "not ok", "wire MB", "stored MB", "MCP messages"):
+    for name in ("day", "turns", "not ok", "wire", "stored", "MCP messages"):
         table.add_column(name, justify="left" if name == "day" else "right")
     for d in s.days:
-        table.add_row(d.day, str(d.turns), str(d.errors), f"{d.wire_bytes / 1e6:.1f}", f"{d.stored_bytes / 1e6:.1f}",
+        table.add_row(d.day, str(d.turns), str(d.errors), _size(d.wire_bytes), _size(d.stored_bytes),
                       str(d.mcp_messages))
     console.print(table)
 

@@ -442,6 +442,8 @@ def test_upstream_errors_show_their_message_and_the_list_shows_the_status(toolta
     turn = tooltap.api("/turns")["turns"][0]
     html = get(tooltap, f"/_tooltap/sessions/{turn['session_id']}").text
     assert html.count("Rate limit reached for &lt;deepseek-chat&gt;") == 1  # its box, not the notes' too
+    head = html.split('id="session-head"')[1].split("</section>")[0]
+    assert "no usage reported" in head and "out tokens" not in head  # not "0 in / 0 out"
     assert "429 from the upstream: Rate limit reached for &lt;deepseek-chat&gt;" in html
     # where a query for what went wrong looks: the API's turn and the SQL view
     stored = tooltap.api(f"/turns/{turn['id']}")

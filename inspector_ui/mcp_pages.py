@@ -7,6 +7,7 @@ the whole of a message, a call's arguments or its result where the pages clip th
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 import zlib
 
@@ -91,7 +92,17 @@ def servers_page(request: Request):
 
     with DB(request.app.state.reader.engine) as db:
         found = read.servers(db)
-    return templates.TemplateResponse(request, "mcp_servers.html", {"servers": found})
+    return templates.TemplateResponse(request, "mcp_servers.html", {"servers": found, "db": _db_for_mcp(request)})
+
+
+def _db_for_mcp(request: Request) -> str:
+    """This tooltap's database as `tooltap mcp --db` would name it: a SQLite file by its
+    absolute path (the agent starts the wrapper elsewhere), any other without its password."""
+    from proxy.store.db import shown_url, sqlite_path
+
+    url = request.app.state.tooltap.settings.db_url
+    path = sqlite_path(url)
+    return shlex.quote(str(path.resolve()) if path is not None else shown_url(url))
 
 
 def server_page(request: Request, name: str):

@@ -161,6 +161,13 @@ def test_token_refuses_page_api_live_and_static(make_tooltap, upstream):
         assert c.get("/_tooltap/api/sessions").status_code == 200
 
 
+def test_the_empty_mcp_page_gives_the_wrapper_command_for_this_database(tooltap):
+    """Copied as is into an agent's MCP settings, the command records into this database."""
+    html = get(tooltap, "/_tooltap/mcp").text
+    assert "No MCP traffic recorded yet" in html
+    assert f"<code>tooltap mcp --db {tooltap.db_path.resolve()} --</code>" in html
+
+
 def test_head_answers_every_inspector_get_with_its_head_only(tooltap, cline, upstream):
     """Link checkers, monitors and `curl -I` ask HEAD: the status and headers GET gets,
     no body. On one kept-alive connection: a stray body would garble the next answer."""

@@ -309,9 +309,7 @@ def turn_view(db: DB, reader: Reader, t: Turn, calls: list[dict], parent: Turn |
 def _without(error: str | None, note: str | None) -> str | None:
     if not error or not note:
         return error
-    if error == note:
-        return None
-    return error.removesuffix("; " + note)  # the writer puts it last
+    return error.replace("; " + note, "").replace(note + "; ", "").replace(note, "") or None
 
 
 def _system(db: DB, reader: Reader, t: Turn, hashes: list[str], blobs: dict[str, Any]) -> dict | None:

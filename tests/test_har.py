@@ -268,6 +268,25 @@ def test_a_gzip_request_body_is_exported_decoded_without_its_coding_and_imported
     assert reader.turn(turn["id"])["request"] == json.loads(body) and not reader.turn(turn["id"])["error"]
 
 
+def test_an_upstream_error_keeps_its_message_once_through_a_round_trip(tooltap, upstream, tmp_path):
+    """The turn's error names the provider's message; imported, it is not said again."""
+    import httpx
+
+    from proxy.scripted import Reply
+
+    upstream.routes["/chat/completions"] = Reply.json({"error": {"message": "Rate limit <x>"}}, status=429)
+    r = httpx.post(f"{tooltap.url}/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": "too fast"}]})
+    assert r.status_code == 429
+    path, fresh = tmp_path / "e.har", f"sqlite:///{tmp_path / 'e.db'}"
+    entry = _only_entry(tooltap, path)
+    assert entry["_tooltap"]["error"] == "429 from the upstream: Rate limit <x>"
+    assert _run("import", str(path), "--db", fresh).startswith("imported 1 turn(s)")
+    reader = Reader(open_database(fresh, create=False))
+    (turn,) = reader.session(reader.sessions()[0]["id"])["turns"]
+    assert reader.turn(turn["id"])["error"] == "429 from the upstream: Rate limit <x>"
+
+
 def test_a_fingerprinted_query_key_stays_in_the_har_query(tooltap, upstream, tmp_path):
     """`?key=` is stored as `…abcd#1f2e3d4c`: written raw into the URL, its `#` began a
     fragment (which a HAR URL must not have) and cut the query short."""

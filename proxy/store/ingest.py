@@ -483,7 +483,10 @@ def _call_row(call: apis.ToolCall) -> dict:
 
 
 def _upstream_note(rec: TurnRecord, response: Any) -> str | None:
-    return upstream_note(rec.http_status, response, rec.stream_error) if rec.status == "upstream_error" else None
+    if rec.status != "upstream_error":
+        return None
+    note = upstream_note(rec.http_status, response, rec.stream_error)
+    return None if note and rec.error and note in rec.error else note  # (a HAR import brings it along)
 
 
 def _request_note(rec: TurnRecord, problem: str | None, undecoded: bool = False) -> str | None:

@@ -55,4 +55,4 @@ def upstream_note(http_status: int | None, response: Any, stream_error: Any) -> 
     said = text_safe(message[:REPLY_MAX])
     if stream_error:
         return f"the upstream's stream reported an error: {said}"
-    return f"{http_status} from the upstream: {said}"
+    return f"{http_status or 'an error'} from the upstream: {said}"

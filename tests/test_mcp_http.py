@@ -5,6 +5,7 @@ sent them; every message recorded under its session."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 
@@ -185,6 +186,26 @@ def test_a_server_that_is_down_is_named_to_the_agent(make_tooltap, upstream):
     missed = httpx.post(f"{tooltap.url}/_mcp/nope", content=b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
     assert missed.status_code == 404
     assert missed.json()["error"]["message"] == "no MCP server is served at /_mcp/nope; this tooltap serves /_mcp/down"
+
+
+def test_why_a_server_was_not_reached_is_said_plainly():
+    """aiohttp's own words name "ssl:default" for a plain-HTTP address; a name lookup's
+    errno is negative (no strerror of it); a connect timeout keeps its words."""
+    import errno
+    import socket
+    import types
+
+    import aiohttp
+
+    from proxy.mcp.http import _unreached
+
+    key = types.SimpleNamespace(host="nosuch.invalid", port=80, ssl=True)
+    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed"))
+    assert _unreached(refused) == f"cannot connect to nosuch.invalid:80: {os.strerror(errno.ECONNREFUSED)}"
+    unknown = aiohttp.ClientConnectorDNSError(key, socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert _unreached(unknown) == "cannot connect to nosuch.invalid:80: Name or service not known"
+    slow = aiohttp.ConnectionTimeoutError("Connection timeout to host http://nosuch.invalid/mcp")
+    assert _unreached(slow) == "Connection timeout to host http://nosuch.invalid/mcp"
 
 
 def test_a_redirect_within_the_server_points_through_tooltap(make_tooltap, upstream):

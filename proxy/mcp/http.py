@@ -277,9 +277,8 @@ def _unreached(exc: BaseException) -> str:
     plain-HTTP address that refused the connection)."""
     if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(exc, aiohttp.ClientSSLError):
         error = exc.os_error
-        return f"cannot connect to {exc.host}:{exc.port}: {os.strerror(error.errno) if error.errno else error}"
-    if isinstance(exc, asyncio.TimeoutError):
-        return "no answer in time"
+        reason = os.strerror(error.errno) if (error.errno or 0) > 0 else (error.strerror or str(error))
+        return f"cannot connect to {exc.host}:{exc.port}: {reason}"  # (a name lookup's errno is negative)
     return str(exc) or type(exc).__name__
 
 

@@ -306,7 +306,8 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
     else:
         _check_port(host, port)
     if db_url:
-        _refuse_a_store_in_use(_open_database(db_url), db_url)
+        _refuse_a_store_in_use(db_url)
+        _open_database(db_url)
     # Ctrl-C, SIGTERM or a closed terminal: the servers, the writer process and the
     # temporary folder are cleaned up whatever the demo was doing.
     with demo_mod.stopped_by_signals():
@@ -336,16 +337,30 @@ def demo(host, port, db_url, ui_token, live_every) -> None:
     exit_now(0)  # cleaned up: as serve ends, without the interpreter's teardown (a second, interruptible)
 
 
-def _refuse_a_store_in_use(engine, db_url: str) -> None:
-    """The demo's sessions are made up: they must not mix with what an agent recorded."""
-    from sqlalchemy import text
+def _refuse_a_store_in_use(db_url: str) -> None:
+    """The demo's sessions are made up: they must not mix with what an agent recorded. Asked
+    before the database is opened, which would bring an older store up to date."""
+    from sqlalchemy import create_engine, text
 
-    with engine.connect() as db:
-        turns = db.execute(text("SELECT count(*) FROM turns")).scalar_one()
-    engine.dispose()
+    from .store.db import make_engine, shown_url, sqlite_path
+
+    url = normalize_db_url(db_url)
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        return  # a new file
+    try:
+        engine = create_engine(url) if path is not None else make_engine(url)  # (its connect timeout)
+        try:
+            with engine.connect() as db:
+                turns = db.execute(text("SELECT count(*) FROM turns")).scalar_one()
+        finally:
+            engine.dispose()
+    except Exception:  # no turns table, or no database to ask: opening it says what is wrong
+        return
     if turns:
-        raise click.UsageError(f"{db_url} already holds {turns:,} turn{'s' if turns != 1 else ''}: the demo's made-up "
-                               "sessions would mix with them. Give --db a new file, or no --db for a temporary one.")
+        raise click.UsageError(f"{shown_url(url)} already holds {turns:,} turn{'s' if turns != 1 else ''}: the demo's "
+                               "made-up sessions would mix with them. Give --db a new file, or no --db for a temporary "
+                               "one.")
 
 
 @main.command(short_help="Decode every stored session again (after an upgrade).")

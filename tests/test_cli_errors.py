@@ -100,6 +100,14 @@ def test_postgres_without_its_driver_says_what_to_install(tmp_path):
     assert "secret" not in r.stderr
 
 
+def test_a_database_url_is_shown_without_its_password_and_with_nothing_added():
+    from proxy.store.db import shown_url
+
+    assert shown_url("postgresql+psycopg://u:s3cret@db:5432/x") == "postgresql+psycopg://u:***@db:5432/x"
+    # a login without a password (peer, .pgpass) is shown as it is: copied, it still works
+    assert shown_url("postgresql+psycopg://tooltap@db/x") == "postgresql+psycopg://tooltap@db/x"
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--upstream", "http://127.0.0.1:notaport"], "port is not a number"),
     (["--upstream", "_tooltap=http://127.0.0.1:9"], "as tooltap's own paths do (/_tooltap, /_mcp)"),

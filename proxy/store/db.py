@@ -177,6 +177,8 @@ def shown_url(url: str) -> str:
     if not at:
         return url
     scheme, _, userinfo = head.partition("://")
+    if ":" not in userinfo:
+        return url  # a user without a password (peer or .pgpass login)
     return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{tail}"
 
 

@@ -142,6 +142,10 @@ def test_turn_and_session_sources(weather_db):
     session = load(f"session:{rows[0]['session_id']}", weather_db)
     assert [t.name for t in turn.tools] == [t.name for t in session.tools] == [t.name for t in weather().tools]
     assert turn.source.startswith("turn:")
+    sid = rows[0]["session_id"]
+    assert [t.name for t in load(f"session:{sid[:4]}", weather_db).tools] == [t.name for t in session.tools]
+    with pytest.raises(SourceError, match=f"session:{sid[:3]}: '{sid[:3]}' is too short to name a session"):
+        load(f"session:{sid[:3]}", weather_db)
 
 
 def test_unknown_turn_and_bad_id(weather_db):

@@ -32,7 +32,7 @@ PREFIX_MIN = 4  # the shortest start of a session id the CLI takes for the whole
 
 
 class SeveralSessions(LookupError):
-    """A start of a session id that begins more than one."""
+    """A start of a session id that begins more than one, or that is too short to name one."""
 
 
 def known_id(n: int | None) -> bool:
@@ -82,8 +82,8 @@ class Reader:
             found = db.exec(select(Session.id).where(func.substr(Session.id, 1, len(given)) == given)
                             .order_by(Session.id).limit(4)).all() if given else []
         if found and len(given) < PREFIX_MIN:
-            raise LookupError(f"{given!r} is too short to name a session: give {PREFIX_MIN} characters or more "
-                              f"of its id")
+            raise SeveralSessions(f"{given!r} is too short to name a session: give {PREFIX_MIN} characters or "
+                                  "more of its id")
         if len(found) == 1:
             return found[0]
         if found:
@@ -355,8 +355,8 @@ def turn_tools(db_url: str, turn_id: int) -> list[dict] | None:
 
 
 def session_tools(db_url: str, session_id: str) -> list[dict] | None:
-    """The newest tools array of a session, named whole or by its start (LookupError when
-    that start begins several)."""
+    """The newest tools array of a session, named whole or by its start (SeveralSessions when
+    that start begins several, or is too short)."""
     reader = _reader(db_url)
     try:
         session_id = reader.full_session_id(session_id)

@@ -246,7 +246,8 @@ def test_unusable_session_header_and_nul_text_are_stored(tooltap, upstream):
 
 def test_a_session_named_dot_or_dot_dot_gets_a_page_of_its_own(tooltap, upstream):
     """`.` and `..` as a session's name would make its link lead to the sessions list (a
-    browser resolves them, escaped or not): they are named by a hash, each its own."""
+    browser resolves them, escaped or not): they are named by a hash, each its own. (Within a
+    longer name the link escapes its `/`: test_inspector_pages, `../../escape`.)"""
     upstream.routes["/chat/completions"] = reply("ok")
     for name in (".", ".."):
         r = httpx.post(f"{tooltap.url}/chat/completions", json=chat(f"named {name}"),

@@ -77,7 +77,8 @@ class Placement:
 def session_key(hint: str | None) -> str | None:
     """An X-Tooltap-Session value as a session id: kept as given when short and
     printable, else replaced by a hash of it (ids are at most 64 characters). `.` and `..`
-    too: in a page's link, a browser reads them as a path, however they are escaped."""
+    too: in a page's link, a browser resolves them as a path, however they are escaped (in
+    a longer name the link's `/` is escaped, so `team/..` is one segment)."""
     hint = (hint or "").strip()
     if not hint:
         return None

@@ -75,9 +75,11 @@ def tooltap_cassette(request) -> Iterator[ServedCassette]:
     if not path.is_absolute():
         path = Path(request.path).parent / path
     try:
-        cassette = Cassette.load(path)
+        cassette, damaged = Cassette.load(path), ""
     except CassetteError as exc:
-        pytest.fail(f"tooltap_cassette: {exc}", pytrace=False)
+        cassette, damaged = None, str(exc)
+    if cassette is None:  # failed out here: pytest would print the exception it chained to
+        pytest.fail(f"tooltap_cassette: {damaged}", pytrace=False)
     with serve_cassette(cassette, ignore=mark.kwargs.get("ignore"), speed=mark.kwargs.get("speed", 0.0)) as served:
         yield served
         missed = _misses(served)

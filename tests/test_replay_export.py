@@ -112,6 +112,23 @@ def test_exported_module_passes_then_fails_when_the_answer_changes(exported):
     assert "call 0 'weather/get_forecast': $.latitude recorded 38.9072, replayed 38.5" in r.stdout
 
 
+def test_a_damaged_cassette_is_said_in_one_line_naming_what_is_wrong(exported):
+    cassette_path, module = exported
+    doc = json.loads(cassette_path.read_text())
+    del doc["interactions"][1]["request"]
+    cassette_path.write_text(json.dumps(doc))
+    r = run_pytest(module.parent)
+    assert r.returncode == 1
+    said = f"tooltap_cassette: {cassette_path}: damaged cassette: interactions[1] has no 'request'"
+    errors = r.stdout.split("short test summary info")[0]  # (where CI is set, the summary repeats it)
+    assert errors.count(said) == 4, r.stdout  # once for each test's setup, and nothing chained to it
+    assert "direct cause" not in r.stdout and "During handling" not in r.stdout
+    cassette_path.write_text("{")
+    r = run_pytest(module.parent)
+    assert f"tooltap_cassette: cassette {cassette_path} is not JSON: " in r.stdout
+    assert "direct cause" not in r.stdout and "During handling" not in r.stdout
+
+
 def test_a_miss_names_the_closest_request_and_the_cline_clock_is_ignored(exported):
     cassette_path, _ = exported
     turn3 = json.loads((CLINE / "turn3/request.json").read_bytes())

@@ -92,11 +92,21 @@ class Cassette:
     def from_json(cls, doc: Any) -> "Cassette":
         if not isinstance(doc, dict) or doc.get("tooltap_cassette") != FORMAT:
             raise CassetteError(f"not a tooltap cassette (format {FORMAT})")
+        found = doc.get("interactions")
+        if not isinstance(found, list):
+            raise CassetteError("damaged cassette: no list of 'interactions'")
+        interactions = []
+        for n, i in enumerate(found):
+            try:
+                interactions.append(_interaction(i))
+            except KeyError as exc:
+                raise CassetteError(f"damaged cassette: interactions[{n}] has no {exc.args[0]!r}") from None
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise CassetteError(f"damaged cassette: interactions[{n}]: {type(exc).__name__}: {exc}") from None
         try:
-            return cls(doc.get("session") or {}, [_interaction(i) for i in doc["interactions"]],
-                       list(doc.get("ignore") or []))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CassetteError(f"damaged cassette: {type(exc).__name__}: {exc}") from exc
+            return cls(doc.get("session") or {}, interactions, list(doc.get("ignore") or []))
+        except (TypeError, ValueError) as exc:
+            raise CassetteError(f"damaged cassette: {type(exc).__name__}: {exc}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> "Cassette":
@@ -104,13 +114,13 @@ class Cassette:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
-            raise CassetteError(f"cannot read cassette {path}: {exc.strerror or exc}") from exc
+            raise CassetteError(f"cannot read cassette {path}: {exc.strerror or exc}") from None
         except ValueError as exc:
-            raise CassetteError(f"cassette {path} is not JSON: {exc}") from exc
+            raise CassetteError(f"cassette {path} is not JSON: {exc}") from None
         try:
             return cls.from_json(doc)
         except CassetteError as exc:
-            raise CassetteError(f"{path}: {exc}") from exc
+            raise CassetteError(f"{path}: {exc}") from None
 
 
 def _interaction_json(i: Interaction) -> dict:

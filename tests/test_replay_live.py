@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -334,6 +335,21 @@ def test_unreachable_endpoint_and_http_errors_are_turn_errors(tooltap, upstream)
         assert "HTTP 529" in result.output and "model overloaded" in result.output
         assert "quota exceeded" in result.output
         assert "2 of 4 turns identical" in result.output
+
+
+def test_an_endpoint_that_says_nothing_is_given_up_after_the_read_timeout(tooltap, upstream):
+    session = record_cline(tooltap, upstream)
+    silent = [Reply.json({"choices": []}, wait=3)] * 4
+    with serve({"/chat/completions": silent}) as target:
+        started = time.monotonic()
+        result = replay(tooltap, session, target.url, "--read-timeout", "0.3")
+        assert time.monotonic() - started < 10  # four turns of 0.3 s, not of the default 600
+    assert result.exit_code == 1
+    assert result.output.count(f"ReadTimeout from {target.url}/chat/completions: nothing came for 0.3 s "
+                               "(--read-timeout)") == 4, result.output
+    refused = CliRunner().invoke(main, ["replay", "session", session, "--db", f"sqlite:///{tooltap.db_path}",
+                                        "--recorded", "--read-timeout", "5"])
+    assert refused.exit_code == 2 and "--read-timeout only applies with --against URL" in refused.output
 
 
 def test_a_bad_url_is_one_line_and_exit_2(tooltap, upstream):

@@ -82,7 +82,7 @@ def tools_cmd(session_ids, all_sessions, db_url, fmt, record_run) -> None:
     try:
         ids = list(stored_ids(reader)) if all_sessions else list(dict.fromkeys(
             full_id(reader, i) for i in session_ids))
-        with _progress(len(ids)) as advance:
+        with _progress(len(ids), "replay tools", sys.stderr.isatty() or len(ids) > 1) as advance:
             for recording in loader.recordings(ids):
                 report.sessions.append(replay_.session(recording))
                 advance()
@@ -100,15 +100,15 @@ def tools_cmd(session_ids, all_sessions, db_url, fmt, record_run) -> None:
 
 
 @contextlib.contextmanager
-def _progress(total: int):
-    """A progress bar on stderr when someone may be waiting: a terminal, or many sessions."""
-    if not (sys.stderr.isatty() or total > 1):
+def _progress(total: int, label: str, show: bool):
+    """A progress bar on stderr, `show`n when someone may be waiting (a terminal, many sessions)."""
+    if not show:
         yield lambda: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("replay tools"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=sys.stderr.isatty()) as bar:
         task = bar.add_task("sessions", total=total)
         yield lambda: bar.advance(task)
@@ -134,6 +134,8 @@ def _progress(total: int):
                    "(stored keys are fingerprints).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="'NAME: VALUE'",
               help="With --against: an extra request header. Repeatable.")
+@click.option("--read-timeout", default=600.0, show_default=True, type=Finite(min=0, min_open=True),
+              help="With --against: seconds to wait for the endpoint's next bytes (models think before they answer).")
 @click.option("--order", type=click.Choice(ORDER_MODES), default="strict", show_default=True,
               help="How the replayed calls must line up with the recorded ones.")
 @click.option("--args", "arg_mode", type=click.Choice(ARG_MODES), default="exact", show_default=True,
@@ -144,7 +146,7 @@ def _progress(total: int):
               help="An argument path left out of the comparison, e.g. task_progress. Repeatable.")
 @format_option
 @record_run_option
-def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat, api_key, headers,
+def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat, api_key, headers, read_timeout,
                 order, arg_mode, tool_args, ignore, fmt, record_run) -> None:
     """Replay SESSION and compare what comes back with what was recorded, turn by turn:
     from the stored answers (--recorded) or from a live endpoint (--against URL); give
@@ -177,8 +179,9 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
 
         extra = dict(_pair(h, "--header", "'NAME: VALUE'", sep=":") for h in headers)
         try:
-            result = replay_live(recording, url, model=model, to_api=to_api, repeat=repeat, rules=rules,
-                                 api_key=api_key, headers=extra)
+            with _progress(len(recording.turns) * repeat, "replay live", sys.stderr.isatty()) as advance:
+                result = replay_live(recording, url, model=model, to_api=to_api, repeat=repeat, rules=rules,
+                                     api_key=api_key, headers=extra, read_timeout=read_timeout, advance=advance)
         except LiveError as exc:
             raise ReplayError(str(exc)) from exc
     if record_run:
@@ -190,7 +193,8 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
 
 
 # The options of one mode, as the user spells them; the other mode would ignore them.
-LIVE_ONLY = {"model": "--model", "to_api": "--to", "repeat": "--repeat", "api_key": "--api-key", "headers": "--header"}
+LIVE_ONLY = {"model": "--model", "to_api": "--to", "repeat": "--repeat", "api_key": "--api-key", "headers": "--header",
+             "read_timeout": "--read-timeout"}
 RECORDED_ONLY = {"speed": "--speed"}
 
 

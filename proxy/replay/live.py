@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlencode
 
 import httpx
@@ -47,7 +47,8 @@ class LiveError(Exception):
     """The replay cannot start (a bad URL); the message is one line for the user."""
 
 
-TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # models think before they answer
+READ_TIMEOUT = 600.0  # models think before they answer
+CONNECT_TIMEOUT = 10.0
 ANTHROPIC_VERSION = "2023-06-01"
 # Recorded headers that carry the protocol, not the caller: forwarded when the API is kept.
 PROTOCOL_HEADERS = {"anthropic.messages": ("anthropic-version", "anthropic-beta")}
@@ -82,8 +83,10 @@ class Prepared:
 
 def replay_live(recording: Recording, url: str, *, model: str | None = None, to_api: str | None = None,
                 repeat: int = 1, rules: Rules | None = None, api_key: str | None = None,
-                headers: dict[str, str] | None = None) -> ReplayResult:
-    """Send each recorded turn `repeat` times to `url` and compare its tool calls."""
+                headers: dict[str, str] | None = None, read_timeout: float = READ_TIMEOUT,
+                advance: Callable[[], None] = lambda: None) -> ReplayResult:
+    """Send each recorded turn `repeat` times to `url` and compare its tool calls;
+    `advance` is called as each turn is done."""
     base, params = _base_url(url)
     if to_api:  # refused before anything is sent, not turn after turn
         untranslatable = sorted({t.api for t in recording.turns if apis.by_name(t.api) is not None
@@ -102,7 +105,8 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
     places = recording.places
     by_id = {t.id: t for t in recording.turns}
     seen_losses: set[str] = set()
-    with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
+    timeout = httpx.Timeout(read_timeout, connect=CONNECT_TIMEOUT)
+    with httpx.Client(timeout=timeout, follow_redirects=False) as client:
         for turn in recording.turns:
             whole, missing = written_out(turn, by_id)
             verdict = _replay_turn(client, whole, target, repeat, rules, uids)
@@ -113,6 +117,7 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
             seen_losses.update(verdict.lost)
             verdict.lost = new
             result.turns.append(verdict)
+            advance()
     return result
 
 
@@ -312,6 +317,9 @@ def _fetch(client: httpx.Client, prepared: Prepared) -> dict:
             if r.headers.get("content-type", "").startswith("text/event-stream"):
                 return _assemble(api, r.iter_bytes())
             r.read()
+    except httpx.ReadTimeout as exc:
+        raise ReplayFailure(f"ReadTimeout from {prepared.url}: nothing came for {client.timeout.read:g} s "
+                            "(--read-timeout)") from exc
     except httpx.HTTPError as exc:
         raise ReplayFailure(f"{type(exc).__name__} from {prepared.url}: {exc or 'no answer'}") from exc
     try:

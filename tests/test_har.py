@@ -224,6 +224,14 @@ def test_import_errors_are_one_line(tmp_path):
         result = runner.invoke(main, ["import", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
         assert result.exit_code == 2, (name, result.output)
         assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    # Good entries then a bad one: nothing is stored, not the entries before it (no database made).
+    har = mitmproxy_har()
+    har["log"]["entries"].append({"request": {"method": "POST"}})
+    (tmp_path / "mixed.har").write_text(json.dumps(har))
+    mixed = runner.invoke(main, ["import", str(tmp_path / "mixed.har"), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert mixed.exit_code == 2 and "entry 4 of the HAR cannot be read: no 'url'" in mixed.output, mixed.output
+    assert not (tmp_path / "x.db").exists()
+    open_database(f"sqlite:///{tmp_path / 'x.db'}").dispose()
     nothing = runner.invoke(main, ["export", "nope", "--db", f"sqlite:///{tmp_path / 'x.db'}",
                                    "--har", str(tmp_path / "o.har")])
     assert nothing.exit_code == 2 and "no session 'nope'" in nothing.output

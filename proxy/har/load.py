@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from urllib.parse import unquote, urlsplit
 
 from .. import apis
@@ -129,7 +129,7 @@ def entry_record(e: dict) -> TurnRecord:
     return record
 
 
-def store(db_url: str, recs: Iterator[TurnRecord | None]) -> Imported:
+def store(db_url: str, recs: Iterable[TurnRecord | None]) -> Imported:
     """Store the records through the store's own writer (store/writer.py), as the proxy's
     turns are: batched, decoded, threaded, each uid stored once."""
     from ..store.db import open_database
@@ -164,7 +164,9 @@ def store(db_url: str, recs: Iterator[TurnRecord | None]) -> Imported:
 
 
 def import_har(path: str | Path, db_url: str, all_requests: bool = False) -> Imported:
-    return store(db_url, records(read_har(path), all_requests))
+    # Every entry read before any is stored: a file with a bad entry stores nothing (the
+    # whole file is in memory already).
+    return store(db_url, list(records(read_har(path), all_requests)))
 
 
 # -- the fields of an entry -----------------------------------------------------------------

@@ -182,12 +182,20 @@ def verdict(r: dict) -> str:
     report = r.get("report") or {}
     turns = _turns(report)
     if turns is not None:
-        compared = any(t.get("note") is None for t in turns)  # a turn with a note was skipped
-        return same_word(report.get("settings") or {}) if r.get("ok") and compared else \
-            "differs" if compared else "nothing compared"
+        compared = [t for t in turns if t.get("note") is None]  # a turn with a note was skipped
+        if not compared:
+            return "nothing compared"
+        if r.get("ok"):
+            return same_word(report.get("settings") or {})
+        failed = all(_failed(t) for t in compared if not t.get("ok"))  # as TurnVerdict.failed
+        return "could not replay" if failed else "differs"
     if _providers(report) is not None:  # converters accept or reject calls: nothing is compared for sameness
         return "every call accepted" if r.get("ok") else "calls rejected"
     return "identical" if r.get("ok") else "differs"
+
+
+def _failed(turn: dict) -> bool:
+    return not turn.get("ok") and turn.get("error") is not None and not turn.get("differences")
 
 
 def _turns(report) -> list[dict] | None:

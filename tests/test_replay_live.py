@@ -324,7 +324,9 @@ def test_unreachable_endpoint_and_http_errors_are_turn_errors(tooltap, upstream)
     session = record_cline(tooltap, upstream)
     result = replay(tooltap, session, f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 1
-    assert result.output.count("error: ConnectError") == 4
+    assert result.output.count("error: ConnectError") == 4 and result.output.count("  ERR  turn") == 4
+    # nothing came back to compare: said apart from answers that differ
+    assert "0 of 4 turns identical; 4 could not be replayed (errors)" in result.output and "differ" not in result.output
 
     replies = [speaking("openai", lambda n, b: CALLS[n])] * 4
     replies[1] = Reply.json({"error": {"message": "model overloaded"}}, status=529)
@@ -334,7 +336,7 @@ def test_unreachable_endpoint_and_http_errors_are_turn_errors(tooltap, upstream)
         assert result.exit_code == 1 and len(target.received) == 4  # the run went on
         assert "HTTP 529" in result.output and "model overloaded" in result.output
         assert "quota exceeded" in result.output
-        assert "2 of 4 turns identical" in result.output
+        assert "2 of 4 turns identical; 2 could not be replayed (errors)" in result.output
 
 
 def test_an_endpoint_that_says_nothing_is_given_up_after_the_read_timeout(tooltap, upstream):
@@ -539,3 +541,20 @@ def test_an_answer_in_another_api_s_format_is_named_as_such(tooltap, upstream):
         assert result.exit_code == 1, result.output
         assert result.output.count("is not in anthropic.messages format (no 'id')") == 4, result.output
         assert "the replay did not call it" not in result.output
+
+
+def test_a_run_nothing_came_back_from_is_not_said_to_differ():
+    """The word a run gives itself, in the CLI's report and on the inspector's pages: turns
+    whose every run errored could not be replayed; one real difference makes it differ."""
+    from inspector_ui.replays import verdict
+    from proxy.replay.result import ReplayResult
+
+    def turn(**given):
+        return {"turn_id": 1, "ok": False, "error": None, "differences": [], "note": None, **given}
+
+    errored = {"kind": "live", "session_id": "s", "target": "t", "ok": False,
+               "turns": [turn(error="HTTP 429 from t: slow down"), turn(ok=True)]}
+    differing = {**errored, "turns": [*errored["turns"], turn(differences=[{"field": "call 0", "reason": "other"}])]}
+    for report, word in ((errored, "could not replay"), (differing, "differs")):
+        assert ReplayResult.from_dict(report).verdict == word
+        assert verdict({"ok": False, "report": report}) == word

@@ -41,6 +41,12 @@ class TurnVerdict:
         return self.note is not None
 
     @property
+    def failed(self) -> bool:
+        """Not replayed at all (the endpoint unreachable, an HTTP error): nothing came back
+        to compare, which says nothing of the model's answers."""
+        return not self.ok and self.error is not None and not self.differences and not self.skipped
+
+    @property
     def name(self) -> str:
         return turn_name(self.place, self.turn_id)
 
@@ -68,7 +74,9 @@ class ReplayResult:
         """What the run says of itself, in a word or three."""
         if self.ok:
             return same_word(self.settings)
-        return "nothing compared" if not self.compared else "differs"
+        if not self.compared:
+            return "nothing compared"
+        return "could not replay" if all(t.failed for t in self.turns if not t.ok) else "differs"
 
     @property
     def pass_hat_k(self) -> float | None:
@@ -96,16 +104,20 @@ def same_word(settings: dict) -> str:
 
 
 def summary(result: ReplayResult) -> str:
-    """`3 of 4 turns identical, 1 skipped; 1 differs`: skipped turns are neither."""
-    differing = sum(not t.ok for t in result.turns)
+    """`3 of 4 turns identical, 1 skipped; 1 differs`: skipped turns are neither, and turns
+    that could not be replayed are counted apart from those that differ."""
+    failed = sum(t.failed for t in result.turns)
+    differing = sum(not t.ok for t in result.turns) - failed
     skipped = len(result.turns) - result.compared
-    same = len(result.turns) - differing - skipped
+    same = len(result.turns) - differing - failed - skipped
     out = f"{same} of {len(result.turns)} turns {same_word(result.settings)}"
     out += f", {skipped} skipped" if skipped else ""
     if result.pass_hat_k is not None and any(len(t.runs) > 1 for t in result.turns):
         out += f"; pass^{max(len(t.runs) for t in result.turns)} = {result.pass_hat_k:.2f}"
     if differing:
         out += f"; {differing} {'differs' if differing == 1 else 'differ'}"
+    if failed:
+        out += f"; {failed} could not be replayed (errors)"
     if not result.compared:
         out += "; no turn was compared"
     return out
@@ -115,7 +127,7 @@ def render_text(result: ReplayResult) -> str:
     """One line per turn, then one indented line per difference: read in seconds."""
     lines = [f"replay {result.kind} of session {result.session_id} against {result.target}"]
     for t in result.turns:
-        mark = "skip" if t.skipped else "ok  " if t.ok else "DIFF"
+        mark = "skip" if t.skipped else "ok  " if t.ok else "ERR " if t.failed else "DIFF"
         runs = f"  ({sum(t.runs)}/{len(t.runs)} runs passed)" if len(t.runs) > 1 else ""
         calls = ", ".join(c.get("tool", "?") for c in t.recorded_calls) or "no tool calls"
         lines.append(f"  {mark} {t.name}: {calls}{runs}")
@@ -141,7 +153,7 @@ def render_markdown(result: ReplayResult) -> str:
         rows += [("note", t.note)] if t.note else []
         rows += [("lost in translation", loss) for loss in t.lost]
         turn = t.name.removeprefix("turn ")
-        verdict = "skipped" if t.skipped else "ok" if t.ok else "**differs**"
+        verdict = "skipped" if t.skipped else "ok" if t.ok else "**error**" if t.failed else "**differs**"
         for f, why in rows or [("", "")]:
             lines.append(f"| {turn} | {verdict} | {f} | {_cell(why)} |")
     return "\n".join(lines)

@@ -123,6 +123,12 @@ def test_round_trip_into_a_fresh_database(cline, tmp_path):
         ("list_files", None), ("read_file", None), ("get_forecast", "weather")]
     assert calls[2]["result"]["status"] == "ok"
 
+    # `--har -`: the same HAR on standard output, and nothing else there.
+    out = CliRunner().invoke(main, ["export", session_id, "--db", str(db), "--har", "-"])
+    assert out.exit_code == 0 and json.loads(out.stdout) == json.loads(path.read_text(encoding="utf-8"))
+    both = CliRunner().invoke(main, ["export", session_id, "--db", str(db), "--har", "-", "--pytest", str(tmp_path)])
+    assert both.exit_code == 2 and "--har - writes the HAR to standard output alone" in both.output
+
     # Importing again stores nothing twice.
     again = _run("import", str(path), "--db", fresh)
     assert again.strip() == "imported 0 turn(s) into 0 session(s); 4 already stored"

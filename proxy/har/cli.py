@@ -17,14 +17,19 @@ class HarProblem(click.ClickException):
 
 
 def write_har(db_url: str, session_id: str, path: str) -> int:
-    """`tooltap export SESSION --har FILE`: returns the number of entries written."""
+    """`tooltap export SESSION --har FILE` (`-`: standard output): returns the number of
+    entries written."""
     from ..replay.recording import RecordingError, open_reader
-    from .export import har_secrets, session_har
+    from .export import session_har
 
     try:
         har = session_har(open_reader(db_url), session_id)
     except (RecordingError, HarError) as exc:
         raise HarProblem(str(exc)) from None
+    if path == "-":
+        click.echo(json.dumps(har, indent=1))  # escaped: whatever the terminal's encoding
+        _warn_of_secrets(har, "the HAR")
+        return len(har["log"]["entries"])
     target = Path(path)
     try:
         made = make_folders(target.absolute().parent)  # as --pytest DIR does
@@ -40,13 +45,19 @@ def write_har(db_url: str, session_id: str, path: str) -> int:
     except OSError as exc:
         remove_folders(made)
         raise HarProblem(f"cannot write {path}: {exc.strerror or exc}") from None
-    # A HAR is meant to hold the bodies, so a key pasted into one is written all the same
-    # (the pytest export refuses it): the user is told, before sharing the file.
+    _warn_of_secrets(har, path)
+    return len(har["log"]["entries"])
+
+
+def _warn_of_secrets(har: dict, name: str) -> None:
+    """A HAR is meant to hold the bodies, so a key pasted into one is written all the same
+    (the pytest export refuses it): the user is told, on stderr, before sharing the file."""
+    from .export import har_secrets
+
     found = [str(f) for f in har_secrets(har)]
     if found:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
-        click.echo(f"warning: {path} holds {len(found)} key-like value(s) in clear: {shown}", err=True)
-    return len(har["log"]["entries"])
+        click.echo(f"warning: {name} holds {len(found)} key-like value(s) in clear: {shown}", err=True)
 
 
 @click.command("import", short_help="Load a HAR file (devtools, mitmproxy, tooltap) into the store.")

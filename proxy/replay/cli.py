@@ -228,16 +228,20 @@ def _pair(text: str, option: str, shape: str, sep: str = "=") -> tuple[str, str]
               help="Write a cassette and a pytest module that replays SESSION offline into DIR "
                    "(made, with its parents, if missing).")
 @click.option("--har", "har_path", metavar="FILE", default=None,
-              help="Write SESSION as a HAR 1.2 file (browser devtools, mitmproxy; `tooltap import` reads it).")
+              help="Write SESSION as a HAR 1.2 file (browser devtools, mitmproxy; `tooltap import` reads it); "
+                   "-: standard output.")
 def export(session_id, db_url, pytest_dir, har_path) -> None:
     """Export a stored session."""
     if not (pytest_dir or har_path):
         raise click.UsageError("say what to export: --pytest DIR or --har FILE")
+    if har_path == "-" and pytest_dir:
+        raise click.UsageError("--har - writes the HAR to standard output alone: give --pytest DIR in a run of its own")
     if har_path:
         from ..har.cli import write_har
 
         entries = write_har(db_url, session_id, har_path)
-        click.echo(f"wrote {har_path} ({entries} {'entry' if entries == 1 else 'entries'})")
+        if har_path != "-":
+            click.echo(f"wrote {har_path} ({entries} {'entry' if entries == 1 else 'entries'})")
         if not pytest_dir:
             return
     recording = _recording(_reader(db_url), session_id)

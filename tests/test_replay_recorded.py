@@ -88,6 +88,7 @@ def test_changed_bytes_are_named_turn_field_and_values(tooltap, upstream):
     line = next(x for x in out.output.splitlines() if "tool_calls[0]:" in x)
     assert "$.longitude recorded -77.0369, replayed -77.0368" in line
     assert f"DIFF turn 3 (#{turn3.id})" in out.output and "3 of 4 turns identical; 1 differs" in out.output
+    assert out.output.splitlines()[0] == f"replay recorded of session {recording.session_id}"
 
     # --format json carries the same, machine-readably.
     out = CliRunner().invoke(main, ["replay", "session", recording.session_id, "--recorded", "--format", "json",

@@ -125,7 +125,8 @@ def summary(result: ReplayResult) -> str:
 
 def render_text(result: ReplayResult) -> str:
     """One line per turn, then one indented line per difference: read in seconds."""
-    lines = [f"replay {result.kind} of session {result.session_id} against {result.target}"]
+    against = "" if result.kind == "recorded" else f" against {result.target}"  # (recorded: its target is "recorded")
+    lines = [f"replay {result.kind} of session {result.session_id}{against}"]
     for t in result.turns:
         mark = "skip" if t.skipped else "ok  " if t.ok else "ERR " if t.failed else "DIFF"
         runs = f"  ({sum(t.runs)}/{len(t.runs)} runs passed)" if len(t.runs) > 1 else ""

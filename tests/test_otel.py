@@ -162,6 +162,20 @@ def test_export_after_the_fact_with_and_without_content(receiver, tmp_path_facto
     assert mcp["gen_ai.tool.call.result"].lstrip().startswith("Today:")
     assert "sk-cline-secret" not in json.dumps([s.attributes for s in second])
 
+    # A session with no model turn to trace (the day's requests without a conversation):
+    # not counted among the sessions sent, and said apart.
+    from sqlmodel import Session as DB, create_engine
+
+    from proxy.store.models import Session
+
+    with DB(create_engine(f"sqlite:///{db}")) as s:
+        s.add(Session(id="no-model-turns", started_at=1.0, last_at=1.0))
+        s.commit()
+    both = runner.invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", receiver.url])
+    assert both.exit_code == 0, both.output
+    assert both.output.strip() == (f"sent 7 span(s) of 1 session(s) to {receiver.url}/v1/traces; "
+                                   "1 session(s) held no model turn to trace")
+
 
 @pytest.mark.parametrize("collector", ["refusing", "silent"])
 def test_collector_down_the_proxy_answers_and_stores(collector, monkeypatch, make_tooltap, upstream):

@@ -113,12 +113,21 @@ def export_cmd(session_ids, db_url, endpoint, content) -> None:
         raise OtelError(str(exc)) from None
     url = traces_url(endpoint)
 
+    traced = 0
+
     def spans():  # one session in memory at a time
+        nonlocal traced
         for session_id in ids:
-            yield from session_spans(session_turns(engine, session_id, content), content)
+            found = False
+            for span in session_spans(session_turns(engine, session_id, content), content):
+                found = True
+                yield span
+            traced += found
 
     try:
         sent = send(spans(), url)
     except ExportFailed as exc:
         raise OtelError(str(exc)) from None
-    click.echo(f"sent {sent} span(s) of {len(ids)} session(s) to {url}")
+    untraced = len(ids) - traced
+    click.echo(f"sent {sent} span(s) of {traced} session(s) to {url}"
+               + (f"; {untraced} session(s) held no model turn to trace" if untraced else ""))

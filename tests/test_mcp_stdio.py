@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from tests.mcp_support import (
@@ -99,7 +100,7 @@ def _conversation(argv) -> tuple[bytes, int, bytes]:
     return bytes(d.out), code, bytes(d.err)
 
 
-def test_byte_exact_against_an_unwrapped_run_and_the_crash_exit_code(tmp_path):
+def test_byte_exact_against_an_unwrapped_run_and_the_crash_exit_code(tmp_path, make_tooltap):
     db = f"sqlite:///{tmp_path / 'tooltap.db'}"
     direct_out, direct_code, direct_err = _conversation(WEATHER)
     out, code, err = _conversation(wrapped(db, *WEATHER))
@@ -131,7 +132,15 @@ def test_byte_exact_against_an_unwrapped_run_and_the_crash_exit_code(tmp_path):
     def check(db_):
         (conn,) = read.connections(db_, "weather")
         assert conn["exit_code"] == 3 and "crashing on purpose" in conn["stderr_tail"]
+        calls = {c.tool: c for c in read.calls(db_, server="weather")}
+        # the call the server died on says so; answered ones say nothing of the kind
+        assert calls["crash"].unanswered == "the server exited with code 3 before answering"
+        assert calls["crash"].to_json()["unanswered"] == calls["crash"].unanswered
+        assert calls["get_forecast"].unanswered is None and calls["get_forecast"].result_message_id
     with_db(db, check)
+    assert (read.exit_words(3), read.exit_words(-9), read.exit_words(None)) == ("3", "killed (SIGKILL)", None)
+    page = httpx.get(f"{make_tooltap(db_url=db).url}/_tooltap/mcp/weather").text
+    assert page.count('data-testid="unanswered">the server exited with code 3 before answering<') == 1
 
 
 CAT = [sys.executable, "-c", "import os\nwhile d := os.read(0, 65536): os.write(1, d)"]

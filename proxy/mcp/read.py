@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +75,28 @@ def connections(db: DB, server: str, limit: int = 50) -> list[dict]:
                    .order_by(McpConnection.started_at.desc()).limit(limit)).all()
     return [{"id": c.id, "server": c.server, "transport": c.transport, "command": c.command, "url": c.url,
              "started_at": iso(c.started_at), "ended_at": iso(c.ended_at), "exit_code": c.exit_code,
-             "stderr_tail": c.stderr_tail} for c in rows]
+             "exit": exit_words(c.exit_code), "stderr_tail": c.stderr_tail} for c in rows]
+
+
+def exit_words(code: int | None) -> str | None:
+    """A run's exit as people read it: `1`, or `killed (SIGKILL)` for -9."""
+    if code is None or code >= 0:
+        return None if code is None else str(code)
+    try:
+        return f"killed ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"killed (signal {-code})"
+
+
+def _why_unanswered(conn: McpConnection | None, asked_at: float) -> str | None:
+    """Why a call has no answer, when its connection ended after it was asked."""
+    if conn is None or conn.ended_at is None or conn.ended_at < asked_at:
+        return None
+    if conn.exit_code is None:
+        return "the connection ended before an answer came"
+    if conn.exit_code < 0:
+        return f"the server was {exit_words(conn.exit_code)} before answering"
+    return f"the server exited with code {conn.exit_code} before answering"
 
 
 # -- tool sets -------------------------------------------------------------------------------
@@ -126,6 +148,7 @@ class McpCall:
     error: Any = None  # the JSON-RPC error
     undeclared: list[str] = field(default_factory=list)
     schema_known: bool = False
+    unanswered: str | None = None  # why there is no answer, when the connection says
 
     @property
     def is_error(self) -> bool:
@@ -144,7 +167,8 @@ class McpCall:
                 "server": self.server, "connection": self.connection, "tool": self.tool,
                 "arguments": self.arguments, "request_at": iso(self.request_at), "result_at": iso(self.result_at),
                 "latency_ms": self.latency_ms, "is_error": self.is_error, "result_text": self.result_text,
-                "error": self.error, "undeclared_arguments": self.undeclared, "schema_known": self.schema_known}
+                "error": self.error, "undeclared_arguments": self.undeclared, "schema_known": self.schema_known,
+                "unanswered": self.unanswered}
 
 
 def answer_text(result, error) -> str | None:
@@ -185,6 +209,12 @@ def calls(db: DB, *, server: str | None = None, since: float | None = None, unti
             m, msg = answers[key]
             call.result_message_id, call.result_at = m.id, m.at
             call.result, call.error = msg.get("result"), msg.get("error")
+    waiting = [c for c in found if c.result_message_id is None]
+    if waiting:
+        ended = {c.id: c for c in db.exec(select(McpConnection).where(
+            McpConnection.id.in_({c.connection for c in waiting}), McpConnection.ended_at.is_not(None))).all()}
+        for call in waiting:
+            call.unanswered = _why_unanswered(ended.get(call.connection), call.request_at)
     _undeclared(db, found)
     if newest_first:
         found.reverse()

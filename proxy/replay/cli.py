@@ -179,7 +179,7 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
 
         extra = dict(_pair(h, "--header", "'NAME: VALUE'", sep=":") for h in headers)
         try:
-            with _progress(len(recording.turns) * repeat, "replay live", sys.stderr.isatty()) as advance:
+            with _progress(len(recording.turns), "replay live", sys.stderr.isatty()) as advance:
                 result = replay_live(recording, url, model=model, to_api=to_api, repeat=repeat, rules=rules,
                                      api_key=api_key, headers=extra, read_timeout=read_timeout, advance=advance)
         except LiveError as exc:

@@ -195,7 +195,8 @@ def verdict(r: dict) -> str:
 
 
 def _failed(turn: dict) -> bool:
-    return not turn.get("ok") and turn.get("error") is not None and not turn.get("differences")
+    return (not turn.get("ok") and turn.get("error") is not None and not turn.get("differences")
+            and not any(turn.get("runs") or []))
 
 
 def _turns(report) -> list[dict] | None:

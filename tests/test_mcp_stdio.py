@@ -560,3 +560,30 @@ def test_a_name_made_from_the_command_holds_no_key():
         f"API_KEY={fingerprint('plain-value-1')} node")
     assert fallback_name(["sh", "-c", f"run --with {token}"]) == f"run --with {fingerprint(token)}"
     assert fallback_name(["npx", "-y", "@modelcontextprotocol/server-everything"]) == "server-everything"
+
+
+def test_a_call_the_client_cancelled_is_not_blamed_on_the_server(tmp_path):
+    """By the spec a server does not answer a call its client cancelled: that call says so,
+    the call the server died on says that, and neither is claimed past the window read."""
+    from proxy.mcp.store import Connection, Recorder
+
+    db = f"sqlite:///{tmp_path / 'tooltap.db'}"
+    open_database(db).dispose()
+    recorder = Recorder(db, tmp_path / "spool")
+    recorder.start()
+    run, at = Connection("run-cancel", "stdio", name="slow", started_at=time.time() - 10), time.time() - 10
+    for n, message in enumerate([
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "wait", "arguments": {"s": 60}}},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "crunch", "arguments": {}}},
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "user"}}]):
+        recorder.record(run, "to_server", json.dumps(message).encode(), at=at + n)
+    recorder.ended(run, -signal.SIGTERM)
+    recorder.close()
+
+    def check(db_):
+        calls = {c.tool: c for c in read.calls(db_, server="slow")}
+        assert calls["wait"].unanswered == "cancelled by the client"
+        assert calls["crunch"].unanswered == "the server was killed (SIGTERM) before answering"
+        # read up to a moment before the run ended: an answer could still have come after it
+        assert read.calls(db_, server="slow", until=at + 5)[1].unanswered is None
+    with_db(db, check)

@@ -5,6 +5,7 @@ the writer process and after the fact; a dead collector costs the proxy nothing.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -168,10 +169,12 @@ def test_export_after_the_fact_with_and_without_content(receiver, tmp_path_facto
 
     from proxy.store.models import Session
 
-    with DB(create_engine(f"sqlite:///{db}")) as s:
+    copy = tmp_path_factory.mktemp("otel") / "copy.db"  # the recorded database is shared: not written to
+    shutil.copy(db, copy)
+    with DB(create_engine(f"sqlite:///{copy}")) as s:
         s.add(Session(id="no-model-turns", started_at=1.0, last_at=1.0))
         s.commit()
-    both = runner.invoke(main, ["otel", "export", "--db", str(db), "--otlp-endpoint", receiver.url])
+    both = runner.invoke(main, ["otel", "export", "--db", str(copy), "--otlp-endpoint", receiver.url])
     assert both.exit_code == 0, both.output
     assert both.output.strip() == (f"sent 7 span(s) of 1 session(s) to {receiver.url}/v1/traces; "
                                    "1 session(s) held no model turn to trace")

@@ -119,7 +119,7 @@ def test_a_damaged_cassette_is_said_in_one_line_naming_what_is_wrong(exported):
     cassette_path.write_text(json.dumps(doc))
     r = run_pytest(module.parent)
     assert r.returncode == 1
-    said = f"tooltap_cassette: {cassette_path}: damaged cassette: interactions[1] has no 'request'"
+    said = f"tooltap_cassette: {cassette_path}: damaged cassette: interactions[1]: 'request' is missing"
     errors = r.stdout.split("short test summary info")[0]  # (where CI is set, the summary repeats it)
     assert errors.count(said) == 4, r.stdout  # once for each test's setup, and nothing chained to it
     assert "direct cause" not in r.stdout and "During handling" not in r.stdout

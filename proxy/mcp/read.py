@@ -88,9 +88,12 @@ def exit_words(code: int | None) -> str | None:
         return f"killed (signal {-code})"
 
 
-def _why_unanswered(conn: McpConnection | None, asked_at: float) -> str | None:
-    """Why a call has no answer, when its connection ended after it was asked."""
+def _why_unanswered(conn: McpConnection | None, asked_at: float, until: float | None) -> str | None:
+    """Why a call has no answer, when its connection ended after it was asked (and within
+    the window read: an answer after `until` would not have been seen)."""
     if conn is None or conn.ended_at is None or conn.ended_at < asked_at:
+        return None
+    if until is not None and conn.ended_at > until:
         return None
     if conn.exit_code is None:
         return "the connection ended before an answer came"
@@ -182,7 +185,8 @@ def answer_text(result, error) -> str | None:
 def calls(db: DB, *, server: str | None = None, since: float | None = None, until: float | None = None,
           limit: int | None = None, newest_first: bool = False) -> list[McpCall]:
     """tools/call requests (batches included) in a time range, each with its answer."""
-    q = select(McpMessage).where(or_(McpMessage.method == "tools/call", McpMessage.kind == "batch"))
+    q = select(McpMessage).where(or_(McpMessage.method.in_(("tools/call", "notifications/cancelled")),
+                                     McpMessage.kind == "batch"))
     if server is not None:
         q = q.where(McpMessage.server == server)
     if since is not None:
@@ -194,6 +198,7 @@ def calls(db: DB, *, server: str | None = None, since: float | None = None, unti
     found: list[McpCall] = []
     open_: dict[tuple[str, str], McpCall] = {}
     answers: dict[tuple[str, str], tuple[McpMessage, dict]] = {}
+    cancelled: set[tuple[str, str]] = set()  # a call the client cancelled gets no answer, by the spec
     for m in sorted(rows, key=lambda r: (r.at, r.id)):
         for msg in elements(classify(zlib.decompress(m.raw)).json):
             if msg.get("method") == "tools/call" and "id" in msg and m.direction == "to_server":
@@ -204,6 +209,10 @@ def calls(db: DB, *, server: str | None = None, since: float | None = None, unti
                 open_[(m.connection, call.jsonrpc_id)] = call
             elif "id" in msg and m.direction == "from_server" and ("result" in msg or "error" in msg):
                 answers[(m.connection, json_id(msg["id"]))] = (m, msg)
+            elif msg.get("method") == "notifications/cancelled" and m.direction == "to_server":
+                params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+                if "requestId" in params:
+                    cancelled.add((m.connection, json_id(params["requestId"])))
     for key, call in open_.items():
         if key in answers:
             m, msg = answers[key]
@@ -214,7 +223,10 @@ def calls(db: DB, *, server: str | None = None, since: float | None = None, unti
         ended = {c.id: c for c in db.exec(select(McpConnection).where(
             McpConnection.id.in_({c.connection for c in waiting}), McpConnection.ended_at.is_not(None))).all()}
         for call in waiting:
-            call.unanswered = _why_unanswered(ended.get(call.connection), call.request_at)
+            if (call.connection, call.jsonrpc_id) in cancelled:
+                call.unanswered = "cancelled by the client"
+            else:
+                call.unanswered = _why_unanswered(ended.get(call.connection), call.request_at, until)
     _undeclared(db, found)
     if newest_first:
         found.reverse()

@@ -100,7 +100,7 @@ class Cassette:
             try:
                 interactions.append(_interaction(i))
             except KeyError as exc:
-                raise CassetteError(f"damaged cassette: interactions[{n}] has no {exc.args[0]!r}") from None
+                raise CassetteError(f"damaged cassette: interactions[{n}]: {exc.args[0]!r} is missing") from None
             except (TypeError, ValueError, AttributeError) as exc:
                 raise CassetteError(f"damaged cassette: interactions[{n}]: {type(exc).__name__}: {exc}") from None
         try:

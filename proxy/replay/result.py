@@ -42,9 +42,10 @@ class TurnVerdict:
 
     @property
     def failed(self) -> bool:
-        """Not replayed at all (the endpoint unreachable, an HTTP error): nothing came back
-        to compare, which says nothing of the model's answers."""
-        return not self.ok and self.error is not None and not self.differences and not self.skipped
+        """Not replayed at all (the endpoint unreachable, an HTTP error), in any run: nothing
+        came back to compare, which says nothing of the model's answers."""
+        return (not self.ok and self.error is not None and not self.differences and not self.skipped
+                and not any(self.runs))
 
     @property
     def name(self) -> str:

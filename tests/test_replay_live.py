@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -352,6 +355,27 @@ def test_an_endpoint_that_says_nothing_is_given_up_after_the_read_timeout(toolta
     refused = CliRunner().invoke(main, ["replay", "session", session, "--db", f"sqlite:///{tooltap.db_path}",
                                         "--recorded", "--read-timeout", "5"])
     assert refused.exit_code == 2 and "--read-timeout only applies with --against URL" in refused.output
+
+
+def test_ctrl_c_reports_the_turns_compared_before_it(tooltap, upstream):
+    """A long live run stopped by Ctrl-C: what was compared is printed, then how far it got,
+    exit 130; nothing is saved."""
+    session = record_cline(tooltap, upstream)
+    replies = [speaking("openai", lambda n, b: CALLS[n]), Reply.json({"choices": []}, wait=30)] * 2
+    with serve({"/chat/completions": replies}) as target:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "replay", "session", session, "--record-run",
+                                 "--db", f"sqlite:///{tooltap.db_path}", "--against", target.url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while len(target.received) < 2 and time.monotonic() < deadline:  # the second turn is waiting
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
+    assert f"ok   turn 1 (#" in out and "turn 2" not in out and "1 of 1 turns identical" in out
+    assert err.strip().splitlines()[-1] == "tooltap replay: interrupted (Ctrl-C) after 1 of 4 turns; no run was saved"
+    assert "Traceback" not in err
+    assert tooltap.api(f"/sessions/{session}/replays")["runs"] == []
 
 
 def test_a_bad_url_is_one_line_and_exit_2(tooltap, upstream):

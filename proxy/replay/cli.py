@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 
 import click
@@ -184,6 +185,15 @@ def session_cmd(session_id, db_url, recorded, speed, url, model, to_api, repeat,
                                      api_key=api_key, headers=extra, read_timeout=read_timeout, advance=advance)
         except LiveError as exc:
             raise ReplayError(str(exc)) from exc
+        if result.interrupted:
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the report
+            try:
+                _emit(result, fmt)
+                click.echo(f"tooltap replay: interrupted (Ctrl-C) after {len(result.turns)} of "
+                           f"{len(recording.turns)} turns{'; no run was saved' if record_run else ''}", err=True)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            sys.exit(130)
     if record_run:
         from .runs import save_run
 

@@ -107,17 +107,20 @@ def replay_live(recording: Recording, url: str, *, model: str | None = None, to_
     seen_losses: set[str] = set()
     timeout = httpx.Timeout(read_timeout, connect=CONNECT_TIMEOUT)
     with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-        for turn in recording.turns:
-            whole, missing = written_out(turn, by_id)
-            verdict = _replay_turn(client, whole, target, repeat, rules, uids)
-            verdict.lost = missing + verdict.lost
-            verdict.place = places[turn.id]
-            # Each loss is listed at the first turn it occurs in: the tools repeat every turn.
-            new = [loss for loss in verdict.lost if loss not in seen_losses]
-            seen_losses.update(verdict.lost)
-            verdict.lost = new
-            result.turns.append(verdict)
-            advance()
+        try:
+            for turn in recording.turns:
+                whole, missing = written_out(turn, by_id)
+                verdict = _replay_turn(client, whole, target, repeat, rules, uids)
+                verdict.lost = missing + verdict.lost
+                verdict.place = places[turn.id]
+                # Each loss is listed at the first turn it occurs in: the tools repeat every turn.
+                new = [loss for loss in verdict.lost if loss not in seen_losses]
+                seen_losses.update(verdict.lost)
+                verdict.lost = new
+                result.turns.append(verdict)
+                advance()
+        except KeyboardInterrupt:  # Ctrl-C in a long run: the turns compared so far are reported
+            result.interrupted = True
     return result
 
 

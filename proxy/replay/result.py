@@ -59,6 +59,7 @@ class ReplayResult:
     target: str  # "recorded" for recorded replay; the URL (and --to API) for live replay
     turns: list[TurnVerdict] = field(default_factory=list)
     settings: dict = field(default_factory=dict)  # speed, model, modes, repeat...
+    interrupted: bool = False  # stopped by Ctrl-C: `turns` are those done before it
 
     @property
     def ok(self) -> bool:

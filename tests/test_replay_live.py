@@ -365,7 +365,9 @@ def test_ctrl_c_reports_the_turns_compared_before_it(tooltap, upstream):
     with serve({"/chat/completions": replies}) as target:
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "replay", "session", session, "--record-run",
                                  "--db", f"sqlite:///{tooltap.db_path}", "--against", target.url],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                # as from a shell: an earlier test of this run may have left SIGINT ignored
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 30
         while len(target.received) < 2 and time.monotonic() < deadline:  # the second turn is waiting
             time.sleep(0.05)

@@ -22,7 +22,7 @@ from fastapi import APIRouter, HTTPException, Request
 from sqlmodel import Session as DB
 
 from proxy.replay import runs
-from proxy.replay.result import same_word
+from proxy.replay.result import not_replayed, same_word
 from proxy.store.models import Session
 
 from .transcript import pretty, turn_numbers
@@ -187,16 +187,10 @@ def verdict(r: dict) -> str:
             return "nothing compared"
         if r.get("ok"):
             return same_word(report.get("settings") or {})
-        failed = all(_failed(t) for t in compared if not t.get("ok"))  # as TurnVerdict.failed
-        return "could not replay" if failed else "differs"
+        return "could not replay" if all(not_replayed(t) for t in compared if not t.get("ok")) else "differs"
     if _providers(report) is not None:  # converters accept or reject calls: nothing is compared for sameness
         return "every call accepted" if r.get("ok") else "calls rejected"
     return "identical" if r.get("ok") else "differs"
-
-
-def _failed(turn: dict) -> bool:
-    return (not turn.get("ok") and turn.get("error") is not None and not turn.get("differences")
-            and not any(turn.get("runs") or []))
 
 
 def _turns(report) -> list[dict] | None:
@@ -266,7 +260,8 @@ def turn_view(t: dict, numbers: dict[int, int] | None = None) -> dict:
     return {"turn_id": t["turn_id"], "n": (numbers or {}).get(t["turn_id"]) or t.get("place"),
             "ok": bool(t.get("ok")), "error": t.get("error"), "note": t.get("note"),
             "skipped": t.get("note") is not None, "lost": t.get("lost") or [],
-            "differences": diffs, "rows": rows, "runs": runs_, "passed": sum(1 for x in runs_ if x)}
+            "differences": diffs, "rows": rows, "runs": runs_, "passed": sum(1 for x in runs_ if x),
+            "not_replayed": not_replayed(t)}
 
 
 def _difference(d: dict) -> dict:

@@ -115,7 +115,7 @@ def make_client(settings: Settings) -> upstream_client.Client:
     return upstream_client.Client(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
 
 
-_UPSTREAM_ERRORS = (upstream_client.UpstreamError, asyncio.TimeoutError, OSError)
+_UPSTREAM_ERRORS = (upstream_client.UpstreamError, OSError)  # (TimeoutError is an OSError)
 
 
 class Forwarder:
@@ -274,8 +274,6 @@ class Forwarder:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, upstream_client.ReadTimeout):
         return f"ReadTimeout: {exc} (tooltap serve --read-timeout)"
-    if isinstance(exc, asyncio.TimeoutError):
-        return "TimeoutError: no answer from the upstream in time"
     text = " ".join(str(exc).split())  # one line, whatever the cause wrote
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

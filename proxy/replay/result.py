@@ -42,10 +42,7 @@ class TurnVerdict:
 
     @property
     def failed(self) -> bool:
-        """Not replayed at all (the endpoint unreachable, an HTTP error), in any run: nothing
-        came back to compare, which says nothing of the model's answers."""
-        return (not self.ok and self.error is not None and not self.differences and not self.skipped
-                and not any(self.runs))
+        return not_replayed(asdict(self))
 
     @property
     def name(self) -> str:
@@ -95,6 +92,14 @@ class ReplayResult:
         turns = [TurnVerdict(**{**t, "differences": [Difference(**x) for x in t.get("differences", [])]})
                  for t in d.get("turns", [])]
         return cls(d["kind"], d["session_id"], d["target"], turns, d.get("settings") or {})
+
+
+def not_replayed(turn: dict) -> bool:
+    """A turn (as stored: TurnVerdict's fields) replayed in no run at all (the endpoint
+    unreachable, an HTTP error): nothing came back to compare, which says nothing of the
+    model's answers. One rule for the report and the inspector's pages."""
+    return (not turn.get("ok") and turn.get("error") is not None and not turn.get("differences")
+            and turn.get("note") is None and not any(turn.get("runs") or []))
 
 
 def same_word(settings: dict) -> str:
